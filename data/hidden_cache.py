@@ -1,0 +1,142 @@
+"""Offline hidden states: the target runs once per row, training reads the cache.
+
+Layout of a cache directory:
+  manifest.json            target, tokenizer hash, layer ids, dtype, rows, shards, bytes
+  shard_00000.safetensors  rows [start, end): `layer_<id>` [sum T, H] per layer id,
+                           `final` [sum T, H] (post-norm), `offsets` [rows + 1]
+
+Shards are written to a temporary name and renamed, and the manifest lists only finished
+shards, so a killed build resumes at the first missing shard.
+"""
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from heads.target import Target
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+
+
+def _identity(target: Target, layer_ids: Sequence[int], num_rows: int) -> dict:
+    return {
+        "target": target.config.name_or_path,
+        "tokenizer_hash": target.tokenizer_hash,
+        "layer_ids": list(layer_ids),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "hidden_size": target.hidden_size,
+        "rows": num_rows,
+    }
+
+
+def build_hidden_cache(
+    target: Target,
+    rows: Sequence[dict],  # each {"input_ids": list[int], ...}
+    layer_ids: Sequence[int],
+    out_dir: Path,
+    rows_per_shard: int = 256,
+    batch_size: int = 4,
+    show_progress: bool = True,
+) -> dict:
+    """Write (or finish writing) the cache; returns its manifest."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    identity = _identity(target, layer_ids, len(rows))
+    manifest_path = out_dir / MANIFEST
+    manifest = {**identity, "shards": [], "bytes": 0}
+    if manifest_path.is_file():
+        existing = json.loads(manifest_path.read_text())
+        if {k: existing.get(k) for k in identity} == identity:
+            manifest = existing
+        else:
+            log.warning("%s was built for another target/layers/data: rebuilding", out_dir)
+    done = {shard["start"] for shard in manifest["shards"]}
+    starts = [s for s in range(0, len(rows), rows_per_shard) if s not in done]
+    for start in tqdm(starts, desc="hidden-state cache (shards)", disable=not show_progress):
+        end = min(start + rows_per_shard, len(rows))
+        tensors = _encode_shard(target, rows[start:end], layer_ids, batch_size)
+        name = f"shard_{start // rows_per_shard:05d}.safetensors"
+        tmp = out_dir / (name + ".tmp")
+        save_file(tensors, str(tmp))
+        os.replace(tmp, out_dir / name)
+        manifest["shards"].append({"file": name, "start": start, "end": end})
+        manifest["shards"].sort(key=lambda shard: shard["start"])
+        manifest["bytes"] = sum((out_dir / s["file"]).stat().st_size for s in manifest["shards"])
+        _write_json(manifest_path, manifest)
+    log.info("hidden-state cache %s: %d rows, %.2f GB", out_dir, len(rows), manifest["bytes"] / 1e9)
+    return manifest
+
+
+def _encode_shard(
+    target: Target, rows: Sequence[dict], layer_ids: Sequence[int], batch_size: int
+) -> dict[str, torch.Tensor]:
+    per_layer: dict[str, list[torch.Tensor]] = {f"layer_{i}": [] for i in layer_ids}
+    finals, lengths = [], []
+    for first in range(0, len(rows), batch_size):
+        batch = rows[first : first + batch_size]
+        length = max(len(r["input_ids"]) for r in batch)
+        input_ids = torch.zeros((len(batch), length), dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for i, row in enumerate(batch):
+            input_ids[i, : len(row["input_ids"])] = torch.as_tensor(row["input_ids"])
+            attention_mask[i, : len(row["input_ids"])] = 1
+        out = target(input_ids.to(target.device), attention_mask.to(target.device), layer_ids)
+        for i, row in enumerate(batch):
+            n = len(row["input_ids"])
+            for layer_id, hidden in zip(layer_ids, out.hidden_states):
+                per_layer[f"layer_{layer_id}"].append(hidden[i, :n].cpu())
+            finals.append(out.final_hidden[i, :n].cpu())
+            lengths.append(n)
+    offsets = torch.zeros(len(lengths) + 1, dtype=torch.long)
+    offsets[1:] = torch.tensor(lengths).cumsum(0)
+    tensors = {name: torch.cat(parts).contiguous() for name, parts in per_layer.items()}
+    tensors["final"] = torch.cat(finals).contiguous()
+    tensors["offsets"] = offsets
+    return tensors
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2))
+    os.replace(tmp, path)
+
+
+class HiddenCache:
+    """Reads rows back from a finished cache; refuses one built for another target."""
+
+    def __init__(self, cache_dir: Path, target: Target, layer_ids: Sequence[int], num_rows: int):
+        manifest_path = cache_dir / MANIFEST
+        if not manifest_path.is_file():
+            raise FileNotFoundError(f"no hidden-state cache at {cache_dir} ({MANIFEST} missing)")
+        self.manifest = json.loads(manifest_path.read_text())
+        expected = _identity(target, layer_ids, num_rows)
+        for key, value in expected.items():
+            if self.manifest.get(key) != value:
+                raise ValueError(
+                    f"{manifest_path}: cache built with {key}={self.manifest.get(key)!r}, "
+                    f"this run has {key}={value!r}; rebuild it (delete the directory)"
+                )
+        covered = sum(s["end"] - s["start"] for s in self.manifest["shards"])
+        if covered != num_rows:
+            raise ValueError(f"{manifest_path}: cache is incomplete ({covered}/{num_rows} rows)")
+        self.cache_dir = cache_dir
+        self.layer_ids = list(layer_ids)
+        self.shards = self.manifest["shards"]
+
+    def row(self, index: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Hidden states of row `index`: ([T, H] per layer id, final [T, H])."""
+        shard = next(s for s in self.shards if s["start"] <= index < s["end"])
+        with safe_open(str(self.cache_dir / shard["file"]), framework="pt") as f:
+            offsets = f.get_slice("offsets")
+            local = index - shard["start"]
+            begin, end = (int(x) for x in offsets[local : local + 2])
+            layers = [f.get_slice(f"layer_{i}")[begin:end] for i in self.layer_ids]
+            return layers, f.get_slice("final")[begin:end]

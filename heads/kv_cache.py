@@ -1,0 +1,46 @@
+"""A static key/value cache for one attention layer, written at explicit positions.
+
+Allocated once for the longest sequence; rejecting draft tokens is just moving the
+write position (nothing is copied back), and accepting a tree path moves the accepted
+nodes' entries into place with one gather (`compact`). Used by the draft heads and by
+the decoder's cached target forward alike.
+"""
+
+import torch
+from torch import nn
+
+
+class KVCache(nn.Module):
+    def __init__(
+        self,
+        batch_size: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        super().__init__()
+        shape = (batch_size, num_kv_heads, max_len, head_dim)
+        # Non-persistent: a cache is scratch space, never part of a checkpoint.
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    def update(
+        self, cache_positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k/v [B, kv_heads, S, head_dim] at cache_positions [S]; return the whole cache."""
+        self.k.index_copy_(2, cache_positions, k.to(self.k.dtype))
+        self.v.index_copy_(2, cache_positions, v.to(self.v.dtype))
+        return self.k, self.v
+
+    def compact(self, src_positions: torch.Tensor, dst_start: int) -> None:
+        """Move entries at src_positions [n] (ascending) to dst_start .. dst_start + n - 1."""
+        n = src_positions.numel()
+        dst = torch.arange(dst_start, dst_start + n, device=self.k.device)
+        self.k.index_copy_(2, dst, self.k.index_select(2, src_positions))
+        self.v.index_copy_(2, dst, self.v.index_select(2, src_positions))

@@ -1,0 +1,123 @@
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from heads.target import (
+    SOURCE,
+    Target,
+    TargetConfig,
+    _sha256,
+    embedded_gguf,
+    resolve_model_dir,
+    tokenizer_hash,
+)
+from tests.helpers import tiny_llama, tiny_tokenizer
+
+
+def test_hooks_return_layer_outputs_matching_hf_hidden_states():
+    model = tiny_llama(num_layers=4)
+    target = Target.from_pretrained_model(model, tiny_tokenizer())
+    input_ids = torch.randint(0, 128, (2, 9))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 6:] = 0  # right padding
+    out = target(input_ids, attention_mask, layer_ids=[3, 0, 2])
+    with torch.no_grad():
+        reference = model(input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    for layer_id, hidden in zip([3, 0, 2], out.hidden_states):
+        # Layer 3 is the last layer: HF's last entry is post-norm, the layer output is not.
+        if layer_id < 3:
+            torch.testing.assert_close(hidden, reference.hidden_states[layer_id + 1])
+    torch.testing.assert_close(target.logits(out.final_hidden), reference.logits)
+    assert out.hidden_states[0].shape == (2, 9, model.config.hidden_size)
+
+
+def test_padded_rows_match_unpadded_rows():
+    target = Target.from_pretrained_model(tiny_llama(), tiny_tokenizer())
+    row = torch.randint(0, 128, (1, 5))
+    padded = torch.cat([row, torch.zeros(1, 3, dtype=torch.long)], dim=1)
+    mask = torch.tensor([[1] * 5 + [0] * 3])
+    alone = target(row, layer_ids=[1]).hidden_states[0]
+    batched = target(padded, mask, layer_ids=[1]).hidden_states[0][:, :5]
+    torch.testing.assert_close(alone, batched)
+
+
+def test_layer_ids_out_of_range_name_the_valid_range():
+    target = Target.from_pretrained_model(tiny_llama(num_layers=2), tiny_tokenizer())
+    with pytest.raises(ValueError, match=r"layer ids \[2\] out of range .*valid: 0..1"):
+        target(torch.zeros(1, 3, dtype=torch.long), layer_ids=[0, 2])
+
+
+def test_target_is_frozen():
+    target = Target.from_pretrained_model(tiny_llama(), tiny_tokenizer())
+    assert not any(p.requires_grad for p in target.parameters())
+    out = target(torch.zeros(1, 3, dtype=torch.long), layer_ids=[0])
+    assert not out.final_hidden.requires_grad
+
+
+def test_unknown_embedded_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match="smollm2-135m-instruct"):
+        resolve_model_dir(TargetConfig(name="smollm9"))
+    with pytest.raises(ValueError, match="unknown embedded model"):
+        embedded_gguf("smollm9")
+
+
+def test_missing_gguf_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.gguf"):
+        resolve_model_dir(TargetConfig(name=str(tmp_path / "nope.gguf")))
+
+
+def test_bad_dtype_names_the_key(tmp_path):
+    with pytest.raises(ValueError, match="target.dtype"):
+        Target.load(TargetConfig(name=str(tmp_path), dtype="float8"))
+
+
+def test_tokenizer_hash_changes_with_the_chat_template():
+    tokenizer = tiny_tokenizer()
+    before = tokenizer_hash(tokenizer)
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"
+    assert tokenizer_hash(tokenizer) != before
+
+
+def test_local_model_dir_loads(tmp_path):
+    model = tiny_llama()
+    model.save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    target = Target.load(TargetConfig(name=str(tmp_path)))
+    ids = torch.randint(0, 128, (1, 4))
+    torch.testing.assert_close(
+        target.logits(target(ids).final_hidden), model(ids).logits.detach(), atol=1e-5, rtol=1e-5
+    )
+
+
+@pytest.mark.integration
+def test_embedded_target_greedy_is_the_same_from_gguf_and_from_the_cache(smollm2_cfg):
+    cached = Target.load(smollm2_cfg)
+    gguf, _ = embedded_gguf(smollm2_cfg.name)
+    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    messages = [{"role": "user", "content": "Name three primary colours."}]
+    ids = cached.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
+    a = cached.model.generate(ids, max_new_tokens=24, do_sample=False)
+    b = direct.generate(ids, max_new_tokens=24, do_sample=False)
+    assert torch.equal(a, b)
+    assert cached.num_layers == 30 and cached.hidden_size == 576 and cached.vocab_size == 49152
+
+
+@pytest.mark.integration
+def test_corrupted_cache_is_rebuilt(smollm2_cfg, tmp_path):
+    model_dir = Path(resolve_model_dir(smollm2_cfg))
+    copy = tmp_path / "models" / smollm2_cfg.name
+    shutil.copytree(model_dir, copy)
+    weights = next(copy.glob("*.safetensors"))
+    with open(weights, "r+b") as f:
+        f.seek(-64, 2)
+        f.write(b"\0" * 64)
+    corrupted = _sha256(weights)
+    rebuilt = Path(resolve_model_dir(TargetConfig(name=smollm2_cfg.name, cache_dir=str(tmp_path))))
+    assert rebuilt == copy
+    recorded = json.loads((rebuilt / SOURCE).read_text())["weights"][weights.name]
+    assert _sha256(weights) == recorded != corrupted

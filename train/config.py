@@ -1,0 +1,126 @@
+"""Typed schema of the job config (Hydra structured configs).
+
+Every YAML under conf/ is merged into these dataclasses, so an unknown key or a value of
+the wrong type stops the job at start-up with the key named. Defaults live here and only
+here; the YAMLs say which choice a group makes and why.
+"""
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from data.prepare import DataConfig
+from heads.target import TargetConfig
+
+STAGES = ("prepare", "train", "eval", "export")
+
+
+@dataclass
+class HeadConfig:
+    # eagle3 | eagle1 | medusa
+    kind: str = "eagle3"
+    # EAGLE-3 target layers, internal convention (id i = output of layer i);
+    # null = [1, n//2 - 1, n - 4], the layers SpecForge and vLLM use.
+    layer_ids: list[int] | None = None
+    # Reduced output vocabulary of EAGLE-3 (most frequent training tokens). Smaller drafts
+    # faster and trains faster; too small caps acceptance (coverage is reported). 0 = full.
+    draft_vocab_size: int = 16384
+    # Medusa: number of heads (head i predicts token i+2 ahead) and ResBlocks per head.
+    medusa_heads: int = 4
+    medusa_layers: int = 1
+    # Train a confidence head beside the drafter (predicts which draft tokens survive).
+    confidence: bool = True
+
+
+@dataclass
+class WandbConfig:
+    # offline writes runs under <run_dir>/wandb for `wandb sync`; online needs WANDB_API_KEY;
+    # disabled logs nothing. auto = online when a key is set, else offline.
+    mode: str = "auto"
+    project: str = "drafter"
+    entity: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class TrainConfig:
+    # online: the frozen target runs inside each step (no disk, target FLOPs every epoch);
+    # offline: a prepare step caches hidden states to disk once (fast epochs, GBs of disk).
+    hidden_states: str = "online"
+    # Training-time-test unroll depth of EAGLE-3 (EAGLE uses 7); cost grows linearly.
+    ttt_steps: int = 7
+    # Rows per optimizer step = batch_size x grad_accum x processes.
+    batch_size: int = 4
+    grad_accum: int = 1
+    # Optimizer steps; the schedule (warm-up + cosine) spans them.
+    max_steps: int = 300
+    lr: float = 1e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    # fp32 | bf16. bf16 autocast is ~2x faster on CPUs with avx512_bf16, ~25x slower without.
+    precision: str = "fp32"
+    # Tokens per chunk of the vocab-sized loss; lower saves memory, higher is faster.
+    loss_chunk_tokens: int = 1024
+    seed: int = 0
+    log_every: int = 10
+    val_every: int = 100
+    val_batches: int = 8
+    checkpoint_every: int = 100
+    # auto: continue from the newest checkpoint in run_dir; never: start fresh; or a path.
+    resume: str = "auto"
+    # Stop after this many consecutive non-finite losses (each one skips its step).
+    max_bad_steps: int = 3
+
+
+@dataclass
+class EvalConfig:
+    # Packaged names (mt_bench, humaneval, gsm8k) or paths to JSONL prompt sets.
+    tasks: list[str] = field(default_factory=lambda: ["mt_bench", "humaneval", "gsm8k"])
+    # Prompts per task; null = all. Small values give a quick but noisy AL.
+    prompts_per_task: int | None = 8
+    max_new_tokens: int = 64
+    # chain | tree
+    mode: str = "chain"
+    draft_length: int = 4
+    # Tree drafting: top-k expansion per depth and total node budget.
+    tree_top_k: int = 4
+    tree_budget: int = 12
+    # 0 = greedy. top_p / top_k are applied identically to target and draft.
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    # Compare against the plain loop and HF generate (greedy + prompt lookup).
+    baselines: bool = True
+    seed: int = 0
+
+
+@dataclass
+class ExportConfig:
+    # sglang | vllm | speculators (EAGLE-3); vllm (EAGLE-1, Medusa); medusa (reference layout)
+    formats: list[str] = field(default_factory=lambda: ["sglang", "vllm", "speculators"])
+    # Refuse to export a head whose eval AL (mean over tasks) is below this.
+    min_acceptance_length: float = 1.2
+    # Export even below the gate; recorded in the exported config.
+    force: bool = False
+
+
+@dataclass
+class JobConfig:
+    target: TargetConfig = MISSING
+    data: DataConfig = MISSING
+    head: HeadConfig = MISSING
+    train: TrainConfig = MISSING
+    eval: EvalConfig = MISSING
+    export: ExportConfig = MISSING
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    # Which stages run, in order: prepare, train, eval, export.
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    # Everything the job writes (data, checkpoints, reports, exports, wandb) goes here.
+    run_dir: str = "outputs/default"
+
+
+def register_configs() -> None:
+    """Make `job_schema` (the first entry of conf/config.yaml's defaults) type every group."""
+    ConfigStore.instance().store(name="job_schema", node=JobConfig)
