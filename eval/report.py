@@ -1,0 +1,229 @@
+"""Turn per-request eval records into the report: JSON, a Markdown table, PNG plots, W&B.
+
+A record is one generated turn: its task/category, prompt and response lengths, the four
+decoder counters (SPEC.md §3), per-position acceptance counts, and the wall-clock time of
+the same turn under each decoding method (all measured in one run, interleaved).
+"""
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PROMPT_BUCKETS = (0, 128, 512, 2048, math.inf)  # prompt tokens
+RESPONSE_BUCKETS = (0, 32, 128, 512, math.inf)  # response tokens
+
+
+@dataclass
+class Record:
+    task: str
+    category: str
+    id: str
+    turn: int
+    prompt_tokens: int
+    response_tokens: int
+    proposed_tokens: int
+    accepted_draft_tokens: int
+    emitted_tokens: int
+    verification_rounds: int
+    accepted_by_position: list[int]  # accepted draft tokens at depth 1..K
+    proposed_by_position: list[int]  # proposed draft tokens at depth 1..K
+    seconds: dict[str, float] = field(default_factory=dict)  # method -> wall-clock of this turn
+
+    @property
+    def acceptance_length(self) -> float:
+        return self.emitted_tokens / max(self.verification_rounds, 1)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summarise(records: Sequence[Record], methods: Sequence[str]) -> dict:
+    """AL distribution, acceptance by position and time per token of a group of records."""
+    lengths = [r.acceptance_length for r in records]
+    worst = sorted(lengths)[: max(1, len(lengths) // 10)]
+    depth = max((len(r.proposed_by_position) for r in records), default=0)
+    accepted = [
+        sum(r.accepted_by_position[d] for r in records if d < len(r.accepted_by_position))
+        for d in range(depth)
+    ]
+    proposed = [
+        sum(r.proposed_by_position[d] for r in records if d < len(r.proposed_by_position))
+        for d in range(depth)
+    ]
+    emitted = sum(r.emitted_tokens for r in records)
+    rounds = sum(r.verification_rounds for r in records)
+    out = {
+        "requests": len(records),
+        "acceptance_length": emitted / max(rounds, 1),  # token-weighted, bonus token included
+        "al_mean": sum(lengths) / max(len(lengths), 1),  # mean of per-request AL
+        **{f"al_p{q}": percentile(lengths, q) for q in (10, 50, 90, 99)},
+        "al_worst_decile": sum(worst) / len(worst) if lengths else float("nan"),
+        "draft_acceptance_rate": sum(r.accepted_draft_tokens for r in records)
+        / max(sum(r.proposed_tokens for r in records), 1),
+        "acceptance_by_position": [a / p if p else float("nan") for a, p in zip(accepted, proposed)],
+        "tokens": sum(r.response_tokens for r in records),
+    }
+    tokens = max(out["tokens"], 1)
+    for method in methods:
+        seconds = sum(r.seconds.get(method, 0.0) for r in records)
+        out[f"ms_per_token_{method}"] = 1000 * seconds / tokens
+    if "speculative" in methods:
+        for method in methods:
+            if method != "speculative" and out["ms_per_token_speculative"] > 0:
+                out[f"speedup_vs_{method}"] = out[f"ms_per_token_{method}"] / out["ms_per_token_speculative"]
+    return out
+
+
+def bucket_name(value: int, edges: Sequence[float]) -> str:
+    for low, high in zip(edges, edges[1:]):
+        if low <= value < high:
+            return f"{low}-{'inf' if math.isinf(high) else int(high) - 1}"
+    raise ValueError(f"{value} outside the buckets {edges}")
+
+
+def build_report(records: Sequence[Record], methods: Sequence[str], costs: dict | None = None) -> dict:
+    """Group by task, category, prompt-length and response-length bucket.
+
+    `costs` holds α (the cost of drafting one round, relative to one plain target step) and
+    β (the extra cost of verifying K + 1 tokens over one plain step) measured by the runner.
+    A round then costs 1 + α + β target steps and emits AL tokens, so each group says
+    whether speculation pays there: AL > 1 + α + β (SPEC.md §3 cost model).
+    """
+    groups: dict[str, dict[str, list[Record]]] = {
+        "task": defaultdict(list),
+        "category": defaultdict(list),
+        "prompt_bucket": defaultdict(list),
+        "response_bucket": defaultdict(list),
+    }
+    for r in records:
+        groups["task"][r.task].append(r)
+        groups["category"][f"{r.task}/{r.category}"].append(r)
+        groups["prompt_bucket"][bucket_name(r.prompt_tokens, PROMPT_BUCKETS)].append(r)
+        groups["response_bucket"][bucket_name(r.response_tokens, RESPONSE_BUCKETS)].append(r)
+    report = {
+        "overall": summarise(records, methods),
+        **{
+            kind: {name: summarise(rs, methods) for name, rs in sorted(g.items())}
+            for kind, g in groups.items()
+        },
+        "costs": costs or {},
+        "methods": list(methods),
+    }
+    if costs:
+        threshold = costs["break_even_acceptance_length"]
+        for kind in groups:
+            for summary in report[kind].values():
+                summary["speculation_pays"] = summary["acceptance_length"] > threshold
+        report["overall"]["speculation_pays"] = report["overall"]["acceptance_length"] > threshold
+    return report
+
+
+def markdown(report: dict) -> str:
+    methods = [m for m in report["methods"] if m != "speculative"]
+    header = ["group", "n", "AL", "p10", "p50", "p90", "worst 10%", "ms/tok spec"] + [
+        f"× vs {m}" for m in methods
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for kind in ("task", "category", "prompt_bucket", "response_bucket"):
+        for name, s in report[kind].items():
+            cells = [
+                f"{kind}: {name}",
+                str(s["requests"]),
+                f"{s['acceptance_length']:.2f}",
+                f"{s['al_p10']:.2f}",
+                f"{s['al_p50']:.2f}",
+                f"{s['al_p90']:.2f}",
+                f"{s['al_worst_decile']:.2f}",
+                f"{s.get('ms_per_token_speculative', float('nan')):.1f}",
+            ] + [f"{s.get(f'speedup_vs_{m}', float('nan')):.2f}" for m in methods]
+            lines.append("| " + " | ".join(cells) + " |")
+    costs = report.get("costs") or {}
+    if costs:
+        lines.append("")
+        lines.append(
+            f"Measured costs: α = {costs['alpha']:.3f} (drafting a round / target step), "
+            f"β = {costs['beta']:.3f} (verification overhead / target step); speculation pays "
+            f"where AL > {costs['break_even_acceptance_length']:.2f}."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, records: Sequence[Record], out_dir: Path) -> list[Path]:
+    """AL distribution per task, acceptance by position, speed-up per bucket."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    by_task = defaultdict(list)
+    for r in records:
+        by_task[r.task].append(r.acceptance_length)
+    ax.hist(list(by_task.values()), label=list(by_task), bins=20, histtype="step")
+    ax.set(xlabel="acceptance length per request", ylabel="requests", title="AL distribution per task")
+    ax.legend()
+    paths.append(_save(fig, out_dir / "al_distribution.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for task, s in report["task"].items():
+        rates = s["acceptance_by_position"]
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=task)
+    ax.set(xlabel="draft position", ylabel="acceptance rate", title="Acceptance by position", ylim=(0, 1))
+    ax.legend()
+    paths.append(_save(fig, out_dir / "acceptance_by_position.png"))
+
+    baselines = [m for m in report["methods"] if m != "speculative"]
+    if baselines:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        names = [f"prompt {k}" for k in report["prompt_bucket"]] + [
+            f"resp {k}" for k in report["response_bucket"]
+        ]
+        summaries = list(report["prompt_bucket"].values()) + list(report["response_bucket"].values())
+        width = 0.8 / len(baselines)
+        for i, method in enumerate(baselines):
+            ax.bar(
+                [x + i * width for x in range(len(names))],
+                [s.get(f"speedup_vs_{method}", 0.0) for s in summaries],
+                width,
+                label=f"vs {method}",
+            )
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names, rotation=30, ha="right")
+        ax.set(ylabel="speed-up", title="Speed-up per bucket")
+        ax.legend()
+        paths.append(_save(fig, out_dir / "speedup_by_bucket.png"))
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def write_report(report: dict, records: Sequence[Record], out_dir: Path) -> Path:
+    """report.json, report.md, records.jsonl and the PNGs; returns the JSON path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.md").write_text(markdown(report))
+    with open(out_dir / "records.jsonl", "w") as f:
+        for r in records:
+            f.write(json.dumps(asdict(r)) + "\n")
+    report = {**report, "plots": [str(p) for p in plot(report, records, out_dir)]}
+    path = out_dir / "report.json"
+    path.write_text(json.dumps(report, indent=2))
+    return path

@@ -1,0 +1,86 @@
+"""The job: prepare → train → eval → export, configured by Hydra (conf/).
+
+    accelerate launch train/run.py [group=choice ...] [key=value ...]
+    python train/run.py --cfg job          # print the resolved config
+
+Every stage reads what the previous one wrote under `run_dir`, so `stages=[eval]` on a
+finished run re-evaluates its head, and a killed job rerun with the same command resumes.
+"""
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from train.config import STAGES, JobConfig, register_configs
+
+log = logging.getLogger("drafter")
+register_configs()
+
+
+def wandb_init_kwargs(job: JobConfig) -> dict:
+    mode = job.wandb.mode
+    if mode == "auto":
+        mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+    if mode not in ("online", "offline"):
+        raise ValueError(f"wandb.mode={job.wandb.mode!r}; choose auto, online, offline or disabled")
+    kwargs = {"mode": mode, "dir": job.run_dir, "entity": job.wandb.entity, "name": job.wandb.name}
+    return {"wandb": kwargs}
+
+
+def check_stages(stages: list[str]) -> None:
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise ValueError(f"stages: unknown {unknown}; choose from {list(STAGES)}")
+
+
+def run(job: JobConfig) -> dict:
+    """Run the configured stages; returns what each produced (paths, summaries)."""
+    from data.prepare import prepare_dataset
+    from heads.target import Target
+    from train.trainer import make_accelerator, train
+
+    check_stages(job.stages)
+    run_dir = Path(job.run_dir)
+    accelerator = make_accelerator(job)
+    if job.wandb.mode != "disabled":
+        accelerator.init_trackers(
+            job.wandb.project,
+            config=OmegaConf.to_container(OmegaConf.structured(job)),
+            init_kwargs=wandb_init_kwargs(job),
+        )
+    results: dict = {}
+    target = Target.load(job.target)
+    with accelerator.main_process_first():
+        prepared = prepare_dataset(job.data, target.tokenizer, run_dir / "data")
+    if accelerator.is_main_process and "prepare" in job.stages:
+        print(prepared.summary(), flush=True)
+    results["data"] = prepared.manifest
+    if "train" in job.stages:
+        results["head_dir"] = str(train(job, accelerator, target, prepared.train, prepared.validation))
+    if accelerator.is_main_process and "eval" in job.stages:
+        from eval.run import evaluate_job
+
+        results["eval_report"] = str(evaluate_job(job, target, run_dir / "head", accelerator))
+    if accelerator.is_main_process and "export" in job.stages:
+        from heads.export import export_job
+
+        results["exports"] = [str(p) for p in export_job(job, target, run_dir / "head")]
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    if accelerator.is_main_process:
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    return results
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    job: JobConfig = OmegaConf.to_object(cfg)
+    run(job)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""The training loop: distil a frozen target's hidden states into a draft head.
+
+One loop for every head kind and every launcher (one CPU, DDP, DeepSpeed, FSDP through
+accelerate). Per step: features (online target forward, or the offline cache) → head
+objective → backward → clip → step. Metrics stay on the device and are read once per
+`log_every` steps, then logged for every step in between.
+"""
+
+import logging
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+
+from data.hidden_cache import HiddenCache, build_hidden_cache
+from heads.target import Target
+from train.batches import BatchPlan, pad_rows
+from train.checkpoint import TrainerState, find_resume_dir, load_checkpoint, save_checkpoint
+from train.config import JobConfig
+from train.objectives import Features, build_objective
+
+log = logging.getLogger(__name__)
+
+
+def cosine_with_warmup(optimizer: torch.optim.Optimizer, warmup: int, total: int):
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class FeatureSource:
+    """Hidden states for a batch of rows: from the target now, or from the offline cache."""
+
+    def __init__(self, target: Target, layer_ids: list[int], cache: HiddenCache | None):
+        self.target, self.layer_ids, self.cache = target, layer_ids, cache
+
+    def __call__(self, rows: list[int], batch: dict[str, torch.Tensor]) -> Features:
+        device = self.target.device
+        batch = {k: v.to(device) for k, v in batch.items()}
+        if self.cache is None:
+            out = self.target(batch["input_ids"], batch["attention_mask"], self.layer_ids)
+            hidden_states, final_hidden = out.hidden_states, out.final_hidden
+        else:
+            hidden_states, final_hidden = self._from_cache(rows, batch["input_ids"].shape[1])
+        return Features(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            loss_mask=batch["loss_mask"],
+            hidden_states=hidden_states,
+            final_hidden=final_hidden,
+        )
+
+    def _from_cache(self, rows: list[int], length: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+        per_row = [self.cache.row(i) for i in rows]
+        hidden = self.target.hidden_size
+
+        def stack(parts: list[torch.Tensor]) -> torch.Tensor:  # [B, length, H], zero-padded
+            out = torch.zeros(len(parts), length, hidden, dtype=parts[0].dtype)
+            for i, part in enumerate(parts):
+                out[i, : part.shape[0]] = part
+            return out.to(self.target.device)
+
+        layers = [stack([layers[k] for layers, _ in per_row]) for k in range(len(self.layer_ids))]
+        return layers, stack([final for _, final in per_row])
+
+
+def make_accelerator(job: JobConfig) -> Accelerator:
+    from accelerate.utils import InitProcessGroupKwargs
+
+    cpu = not torch.cuda.is_available() or job.target.device == "cpu"
+    # gloo on CPU: without it DeepSpeed ranks each believe they are rank 0 of 1.
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if cpu else []
+    return Accelerator(
+        cpu=cpu,
+        mixed_precision="bf16" if job.train.precision == "bf16" else "no",
+        gradient_accumulation_steps=job.train.grad_accum,
+        log_with="wandb" if job.wandb.mode != "disabled" else None,
+        project_dir=job.run_dir,
+        kwargs_handlers=handlers,
+    )
+
+
+def train(
+    job: JobConfig,
+    accelerator: Accelerator,
+    target: Target,
+    train_rows,
+    val_rows,
+    objective=None,
+) -> Path:
+    """Train the head described by job.head; returns the directory of the saved head."""
+    cfg = job.train
+    if cfg.hidden_states not in ("online", "offline"):
+        raise ValueError(f"train.hidden_states={cfg.hidden_states!r}; choose online or offline")
+    if cfg.precision not in ("fp32", "bf16"):
+        raise ValueError(f"train.precision={cfg.precision!r}; choose fp32 or bf16")
+    run_dir = Path(job.run_dir)
+    torch.manual_seed(cfg.seed)
+    objective = objective or build_objective(job.head, target, train_rows, cfg, accelerator)
+    head = objective.head
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    scheduler = cosine_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps)
+    head, optimizer = accelerator.prepare(head, optimizer)
+    objective.head = head
+    accelerator.register_for_checkpointing(scheduler)
+
+    state = TrainerState(0, 0, 0, job.head.kind, objective.head_args(), asdict(job))
+    resume_dir = find_resume_dir(cfg.resume, run_dir / "checkpoints")
+    if resume_dir is not None:
+        restored = load_checkpoint(accelerator, resume_dir, job.head.kind)
+        _warn_overrides(restored.config, state.config)
+        state.step, state.tokens, state.bad_steps = restored.step, restored.tokens, restored.bad_steps
+
+    cache = None
+    if cfg.hidden_states == "offline":
+        cache_dir = run_dir / "hidden_cache"
+        with accelerator.main_process_first():
+            if accelerator.is_main_process:
+                build_hidden_cache(target, train_rows, objective.layer_ids, cache_dir)
+        cache = HiddenCache(cache_dir, target, objective.layer_ids, len(train_rows))
+    features = FeatureSource(target, objective.layer_ids, cache)
+    val_features = FeatureSource(target, objective.layer_ids, None)  # the cache holds train rows only
+    plan = BatchPlan(len(train_rows), cfg.batch_size, cfg.grad_accum, accelerator.num_processes, cfg.seed)
+    pad_id = target.tokenizer.pad_token_id
+    autocast = (
+        torch.autocast(accelerator.device.type, dtype=torch.bfloat16)
+        if cfg.precision == "bf16"
+        else nullcontext()
+    )
+
+    pending: list[dict[str, torch.Tensor]] = []  # per-step metrics, still on the device
+    tick, tokens_at_tick = time.perf_counter(), state.tokens
+    bar = tqdm(total=cfg.max_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process)
+    while state.step < cfg.max_steps:
+        head.train()
+        accelerator.step = 0  # micro-batch counter of accelerate's accumulate(): one optimizer step
+        step_tokens = torch.zeros((), device=accelerator.device)
+        for micro in range(cfg.grad_accum):
+            rows = plan.rows(state.step, micro, accelerator.process_index)
+            batch = pad_rows([train_rows[i] for i in rows], pad_id)
+            with accelerator.accumulate(head):
+                feats = features(rows, batch)
+                with autocast:
+                    loss, metrics = objective(feats)
+                accelerator.backward(loss)
+                step_tokens += feats.attention_mask.sum()
+                if accelerator.sync_gradients:
+                    grad_norm = accelerator.clip_grad_norm_(params, cfg.grad_clip)
+        # One host sync per step: a non-finite loss must skip the update on every rank.
+        finite = bool(torch.isfinite(accelerator.reduce(loss.detach(), "sum")))
+        if finite:
+            optimizer.step()
+            state.bad_steps = 0
+        else:
+            state.bad_steps += 1
+            log.warning("step %d: non-finite loss, update skipped (%d in a row)", state.step, state.bad_steps)
+            if state.bad_steps >= cfg.max_bad_steps:
+                raise RuntimeError(
+                    f"{state.bad_steps} consecutive non-finite losses at step {state.step}: stopping. "
+                    "Lower train.lr, use train.precision=fp32, or check the data."
+                )
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        state.step += 1
+        bar.update(1)
+        pending.append(
+            {
+                **{k: v.detach() for k, v in metrics.items()},
+                "grad_norm": grad_norm.detach() if torch.is_tensor(grad_norm) else torch.tensor(grad_norm),
+                "tokens": accelerator.reduce(step_tokens, "sum"),
+                "lr": torch.tensor(scheduler.get_last_lr()[0]),
+            }
+        )
+        if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
+            rows_logged = _flush(pending)
+            state.tokens += int(sum(r["tokens"] for r in rows_logged))
+            elapsed = time.perf_counter() - tick
+            tokens_per_s = (state.tokens - tokens_at_tick) / max(elapsed, 1e-9)
+            first = state.step - len(rows_logged) + 1
+            for offset, row in enumerate(rows_logged):
+                accelerator.log(
+                    {f"train/{k}": v for k, v in row.items()} | {"train/tokens_per_s": tokens_per_s},
+                    step=first + offset,
+                )
+            bar.set_postfix(loss=f"{rows_logged[-1]['loss']:.3f}", tok_s=f"{tokens_per_s:.0f}")
+            pending, tick, tokens_at_tick = [], time.perf_counter(), state.tokens
+        if state.step % cfg.val_every == 0 or state.step == cfg.max_steps:
+            accelerator.log(validate(objective, val_features, val_rows, cfg, pad_id), step=state.step)
+        if state.step % cfg.checkpoint_every == 0 or state.step == cfg.max_steps:
+            save_checkpoint(accelerator, run_dir / "checkpoints", state)
+    bar.close()
+    head_dir = run_dir / "head"
+    if accelerator.is_main_process:
+        objective.save(accelerator.unwrap_model(head), head_dir)
+    accelerator.wait_for_everyone()
+    return head_dir
+
+
+def _flush(pending: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:
+    """Read a window of per-step metrics off the device with one transfer."""
+    keys = list(pending[0])
+    values = torch.stack([torch.stack([row[k].float().cpu() for k in keys]) for row in pending]).tolist()
+    return [dict(zip(keys, row)) for row in values]
+
+
+@torch.no_grad()
+def validate(objective, features: FeatureSource, val_rows, cfg, pad_id: int) -> dict[str, float]:
+    """Mean loss and per-step top-1 accuracy on the first val_batches held-out batches."""
+    objective.head.eval()
+    totals: dict[str, torch.Tensor] = {}
+    batches = 0
+    for first in range(0, min(len(val_rows), cfg.val_batches * cfg.batch_size), cfg.batch_size):
+        rows = list(range(first, min(first + cfg.batch_size, len(val_rows))))
+        batch = pad_rows([val_rows[i] for i in rows], pad_id)
+        _, metrics = objective(features(rows, batch))
+        for k, v in metrics.items():
+            totals[k] = totals.get(k, 0) + v.float()
+        batches += 1
+    objective.head.train()
+    return {f"val/{k}": float(v) / max(batches, 1) for k, v in totals.items()}
+
+
+def _warn_overrides(saved: dict, current: dict, prefix: str = "") -> None:
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            _warn_overrides(a, b, f"{prefix}{key}.")
+        elif a != b:
+            log.warning("resume: %s%s was %r in the checkpoint, now %r", prefix, key, a, b)
