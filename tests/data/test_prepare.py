@@ -1,0 +1,129 @@
+import json
+
+import numpy as np
+import pytest
+
+from data.chat_template import ChatEncoder
+from data.prepare import DataConfig, default_out_dir, prepare_dataset
+from heads.target import tokenizer_hash
+
+
+def write_chats(path, n: int, extra_lines=()) -> None:
+    lines = [
+        json.dumps(
+            {
+                "id": f"c{i}",
+                "messages": [
+                    {"role": "user", "content": f"What is {i} + {i}?"},
+                    {"role": "assistant", "content": f"{i} + {i} = {2 * i}."},
+                ],
+            }
+        )
+        for i in range(n)
+    ]
+    path.write_text("\n".join([*lines, *extra_lines]) + "\n")
+
+
+@pytest.fixture
+def chats(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    duplicate = json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": "What is 0 + 0?"},
+                {"role": "assistant", "content": "0 + 0 = 0."},
+            ]
+        }
+    )
+    no_reply = json.dumps({"conversations": [{"from": "human", "value": "hello?"}]})
+    write_chats(path, 20, extra_lines=["{broken", duplicate, no_reply])
+    return path
+
+
+def test_prepare_writes_masked_tokens_and_a_manifest(chats, tmp_path, smollm2_tokenizer):
+    cfg = DataConfig(sources=[str(chats)], max_length=512, val_fraction=0.1, seed=1)
+    prepared = prepare_dataset(cfg, smollm2_tokenizer, tmp_path / "out")
+
+    assert not prepared.reused
+    assert (len(prepared.train), len(prepared.validation)) == (18, 2)
+    assert prepared.train.features["input_ids"].feature.dtype == "int32"
+    assert prepared.train.features["loss_mask"].feature.dtype == "int8"
+    row = prepared.train[0]
+    assert len(row["input_ids"]) == len(row["loss_mask"])
+    masked = np.asarray(row["input_ids"])[np.asarray(row["loss_mask"]) == 1]
+    reply = smollm2_tokenizer.decode(masked.tolist(), skip_special_tokens=False)
+    assert reply.endswith(".<|im_end|>") and " = " in reply
+
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest == prepared.manifest
+    counts = manifest["counts"]
+    assert (counts["read"], counts["kept"], counts["duplicates"]) == (22, 20, 1)
+    assert counts["skipped"] == {"invalid JSON line": 1}
+    assert counts["dropped"] == {"no assistant turn": 1}
+    assert manifest["sources"][0]["sha256"] and manifest["tokenizer"]["sha256"] == tokenizer_hash(
+        smollm2_tokenizer
+    )
+    total = sum(len(r) for r in prepared.train["input_ids"]) + sum(
+        len(r) for r in prepared.validation["input_ids"]
+    )
+    assert manifest["tokens"]["total"] == total
+    summary = prepared.summary()
+    for expected in ["kept 20", "1 invalid JSON line", "1 no assistant turn", "duplicates 1", "tokens/s"]:
+        assert expected in summary
+
+
+def test_unchanged_rerun_reuses_and_changed_source_reprepares(
+    chats, tmp_path, smollm2_tokenizer, monkeypatch
+):
+    cfg = DataConfig(sources=[str(chats)], max_length=512, val_fraction=0.1)
+    out_dir = tmp_path / "out"
+    first = prepare_dataset(cfg, smollm2_tokenizer, out_dir)
+
+    calls = []
+    original = ChatEncoder.encode_batch
+    monkeypatch.setattr(ChatEncoder, "encode_batch", lambda self, *a: calls.append(1) or original(self, *a))
+    second = prepare_dataset(cfg, smollm2_tokenizer, out_dir)
+    assert second.reused and not calls
+    assert second.train["input_ids"] == first.train["input_ids"]
+    assert "reused" in second.summary()
+
+    write_chats(chats, 5)
+    third = prepare_dataset(cfg, smollm2_tokenizer, out_dir)
+    assert not third.reused and calls
+    assert third.manifest["counts"]["kept"] == 5
+
+    fourth = prepare_dataset(DataConfig(sources=[str(chats)], max_length=256), smollm2_tokenizer, out_dir)
+    assert not fourth.reused
+
+
+def test_max_conversations_stops_early(chats, tmp_path, smollm2_tokenizer):
+    cfg = DataConfig(sources=[str(chats)], max_conversations=4, val_fraction=0.25)
+    prepared = prepare_dataset(cfg, smollm2_tokenizer, tmp_path / "out")
+    assert (len(prepared.train), len(prepared.validation)) == (3, 1)
+
+
+@pytest.mark.parametrize(
+    "cfg, key",
+    [
+        (DataConfig(sources=[]), "data.sources"),
+        (DataConfig(max_length=1), "data.max_length"),
+        (DataConfig(val_fraction=1.0), "data.val_fraction"),
+        (DataConfig(max_conversations=0), "data.max_conversations"),
+    ],
+)
+def test_bad_config_names_the_key(cfg, key, tmp_path, smollm2_tokenizer):
+    with pytest.raises(ValueError, match=key):
+        prepare_dataset(cfg, smollm2_tokenizer, tmp_path)
+
+
+def test_nothing_left_is_an_error(tmp_path, smollm2_tokenizer):
+    path = tmp_path / "questions.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
+    with pytest.raises(ValueError, match="no conversation left.*no assistant turn"):
+        prepare_dataset(DataConfig(sources=[str(path)]), smollm2_tokenizer, tmp_path / "out")
+
+
+def test_default_out_dir_depends_on_content_not_on_cache_dir_name(tmp_path, smollm2_tokenizer):
+    a = default_out_dir(DataConfig(cache_dir=str(tmp_path)), smollm2_tokenizer)
+    b = default_out_dir(DataConfig(cache_dir=str(tmp_path), max_length=1024), smollm2_tokenizer)
+    assert a.parent == tmp_path and a != b
