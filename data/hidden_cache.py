@@ -40,7 +40,7 @@ def _identity(target: Target, layer_ids: Sequence[int], num_rows: int) -> dict:
 
 def build_hidden_cache(
     target: Target,
-    rows: Sequence[dict],  # each {"input_ids": list[int], ...}
+    rows,  # a datasets.Dataset or a list of {"input_ids": list[int], ...}
     layer_ids: Sequence[int],
     out_dir: Path,
     rows_per_shard: int = 256,
@@ -62,7 +62,7 @@ def build_hidden_cache(
     starts = [s for s in range(0, len(rows), rows_per_shard) if s not in done]
     for start in tqdm(starts, desc="hidden-state cache (shards)", disable=not show_progress):
         end = min(start + rows_per_shard, len(rows))
-        tensors = _encode_shard(target, rows[start:end], layer_ids, batch_size)
+        tensors = _encode_shard(target, [rows[i] for i in range(start, end)], layer_ids, batch_size)
         name = f"shard_{start // rows_per_shard:05d}.safetensors"
         tmp = out_dir / (name + ".tmp")
         save_file(tensors, str(tmp))

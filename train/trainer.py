@@ -8,6 +8,7 @@ objective → backward → clip → step. Metrics stay on the device and are rea
 
 import logging
 import math
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -22,7 +23,7 @@ from heads.target import Target
 from train.batches import BatchPlan, pad_rows
 from train.checkpoint import TrainerState, find_resume_dir, load_checkpoint, save_checkpoint
 from train.config import JobConfig
-from train.objectives import Features, build_objective
+from train.objectives import Features, Objective, build_objective
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,9 @@ def make_accelerator(job: JobConfig) -> Accelerator:
     from accelerate.utils import InitProcessGroupKwargs
 
     cpu = not torch.cuda.is_available() or job.target.device == "cpu"
-    # gloo on CPU: without it DeepSpeed ranks each believe they are rank 0 of 1.
-    handlers = [InitProcessGroupKwargs(backend="gloo")] if cpu else []
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    # gloo on CPU ranks: without it DeepSpeed ranks each believe they are rank 0 of 1.
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if cpu and launched else []
     return Accelerator(
         cpu=cpu,
         mixed_precision="bf16" if job.train.precision == "bf16" else "no",
@@ -95,7 +97,7 @@ def train(
     target: Target,
     train_rows,
     val_rows,
-    objective=None,
+    objective: Objective | None = None,
 ) -> Path:
     """Train the head described by job.head; returns the directory of the saved head."""
     cfg = job.train
@@ -105,16 +107,15 @@ def train(
         raise ValueError(f"train.precision={cfg.precision!r}; choose fp32 or bf16")
     run_dir = Path(job.run_dir)
     torch.manual_seed(cfg.seed)
-    objective = objective or build_objective(job.head, target, train_rows, cfg, accelerator)
-    head = objective.head
-    params = [p for p in head.parameters() if p.requires_grad]
+    objective = objective or build_objective(job.head, target, train_rows, cfg)
+    params = [p for p in objective.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = cosine_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps)
-    head, optimizer = accelerator.prepare(head, optimizer)
-    objective.head = head
+    layer_ids, head_args = objective.layer_ids, objective.head_args()
+    model, optimizer = accelerator.prepare(objective, optimizer)
     accelerator.register_for_checkpointing(scheduler)
 
-    state = TrainerState(0, 0, 0, job.head.kind, objective.head_args(), asdict(job))
+    state = TrainerState(0, 0, 0, job.head.kind, head_args, asdict(job))
     resume_dir = find_resume_dir(cfg.resume, run_dir / "checkpoints")
     if resume_dir is not None:
         restored = load_checkpoint(accelerator, resume_dir, job.head.kind)
@@ -126,10 +127,10 @@ def train(
         cache_dir = run_dir / "hidden_cache"
         with accelerator.main_process_first():
             if accelerator.is_main_process:
-                build_hidden_cache(target, train_rows, objective.layer_ids, cache_dir)
-        cache = HiddenCache(cache_dir, target, objective.layer_ids, len(train_rows))
-    features = FeatureSource(target, objective.layer_ids, cache)
-    val_features = FeatureSource(target, objective.layer_ids, None)  # the cache holds train rows only
+                build_hidden_cache(target, train_rows, layer_ids, cache_dir)
+        cache = HiddenCache(cache_dir, target, layer_ids, len(train_rows))
+    features = FeatureSource(target, layer_ids, cache)
+    val_features = FeatureSource(target, layer_ids, None)  # the cache holds train rows only
     plan = BatchPlan(len(train_rows), cfg.batch_size, cfg.grad_accum, accelerator.num_processes, cfg.seed)
     pad_id = target.tokenizer.pad_token_id
     autocast = (
@@ -142,22 +143,26 @@ def train(
     tick, tokens_at_tick = time.perf_counter(), state.tokens
     bar = tqdm(total=cfg.max_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process)
     while state.step < cfg.max_steps:
-        head.train()
+        model.train()
         accelerator.step = 0  # micro-batch counter of accelerate's accumulate(): one optimizer step
         step_tokens = torch.zeros((), device=accelerator.device)
+        step_metrics: dict[str, torch.Tensor] = {}
+        grad_norm = None
         for micro in range(cfg.grad_accum):
             rows = plan.rows(state.step, micro, accelerator.process_index)
             batch = pad_rows([train_rows[i] for i in rows], pad_id)
-            with accelerator.accumulate(head):
+            with accelerator.accumulate(model):
                 feats = features(rows, batch)
                 with autocast:
-                    loss, metrics = objective(feats)
+                    loss, metrics = model(feats)
                 accelerator.backward(loss)
                 step_tokens += feats.attention_mask.sum()
+                for k, v in metrics.items():
+                    step_metrics[k] = step_metrics.get(k, 0) + v.detach().float() / cfg.grad_accum
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(params, cfg.grad_clip)
         # One host sync per step: a non-finite loss must skip the update on every rank.
-        finite = bool(torch.isfinite(accelerator.reduce(loss.detach(), "sum")))
+        finite = bool(torch.isfinite(accelerator.reduce(step_metrics["loss"], "sum")))
         if finite:
             optimizer.step()
             state.bad_steps = 0
@@ -175,8 +180,8 @@ def train(
         bar.update(1)
         pending.append(
             {
-                **{k: v.detach() for k, v in metrics.items()},
-                "grad_norm": grad_norm.detach() if torch.is_tensor(grad_norm) else torch.tensor(grad_norm),
+                **step_metrics,
+                "grad_norm": torch.as_tensor(float("nan") if grad_norm is None else grad_norm).detach(),
                 "tokens": accelerator.reduce(step_tokens, "sum"),
                 "lr": torch.tensor(scheduler.get_last_lr()[0]),
             }
@@ -195,13 +200,13 @@ def train(
             bar.set_postfix(loss=f"{rows_logged[-1]['loss']:.3f}", tok_s=f"{tokens_per_s:.0f}")
             pending, tick, tokens_at_tick = [], time.perf_counter(), state.tokens
         if state.step % cfg.val_every == 0 or state.step == cfg.max_steps:
-            accelerator.log(validate(objective, val_features, val_rows, cfg, pad_id), step=state.step)
+            accelerator.log(validate(model, val_features, val_rows, cfg, pad_id), step=state.step)
         if state.step % cfg.checkpoint_every == 0 or state.step == cfg.max_steps:
             save_checkpoint(accelerator, run_dir / "checkpoints", state)
     bar.close()
     head_dir = run_dir / "head"
     if accelerator.is_main_process:
-        objective.save(accelerator.unwrap_model(head), head_dir)
+        accelerator.unwrap_model(model).head.save_pretrained(head_dir)
     accelerator.wait_for_everyone()
     return head_dir
 
@@ -214,20 +219,18 @@ def _flush(pending: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:
 
 
 @torch.no_grad()
-def validate(objective, features: FeatureSource, val_rows, cfg, pad_id: int) -> dict[str, float]:
-    """Mean loss and per-step top-1 accuracy on the first val_batches held-out batches."""
-    objective.head.eval()
+def validate(model, features: FeatureSource, val_rows, cfg, pad_id: int) -> dict[str, float]:
+    """Mean metrics (loss, per-step top-1 accuracy) over the first val_batches held-out batches."""
+    model.eval()
     totals: dict[str, torch.Tensor] = {}
-    batches = 0
-    for first in range(0, min(len(val_rows), cfg.val_batches * cfg.batch_size), cfg.batch_size):
+    starts = range(0, min(len(val_rows), cfg.val_batches * cfg.batch_size), cfg.batch_size)
+    for first in starts:
         rows = list(range(first, min(first + cfg.batch_size, len(val_rows))))
-        batch = pad_rows([val_rows[i] for i in rows], pad_id)
-        _, metrics = objective(features(rows, batch))
+        _, metrics = model(features(rows, pad_rows([val_rows[i] for i in rows], pad_id)))
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0) + v.float()
-        batches += 1
-    objective.head.train()
-    return {f"val/{k}": float(v) / max(batches, 1) for k, v in totals.items()}
+    model.train()
+    return {f"val/{k}": float(v) / max(len(starts), 1) for k, v in totals.items()}
 
 
 def _warn_overrides(saved: dict, current: dict, prefix: str = "") -> None:

@@ -1,0 +1,307 @@
+"""Building blocks shared by the draft heads, and by the decoder's cached target forward.
+
+The geometry (sizes, GQA, norm epsilon, RoPE) is read from the target's Hugging Face config
+once, into a plain `LayerGeometry`, so a head can be rebuilt from its saved JSON without the
+target. Numerics follow transformers' Llama code (RMSNorm and RoPE tables in fp32), so a layer
+given a Llama/Qwen2/Qwen3/Mistral layer's weights gives that layer's outputs. Mistral's sliding
+window is not applied here: the caller's mask must carry it when a context outgrows the window.
+Leaves first: geometry, norm, RoPE, MLP, attention, decoder layer, ResBlock.
+"""
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from heads.kv_cache import KVCache
+
+# Which target families we read, and what their attention adds to Llama's.
+_QKV_BIAS_MODEL_TYPES = {"qwen2"}  # Qwen2 hard-codes bias on q/k/v (not o); its config has no flag
+_QK_NORM_MODEL_TYPES = {"qwen3"}  # per-head RMSNorm on q and k before RoPE
+SUPPORTED_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """RoPE settings; the scaling fields are read only by the rope_type that uses them."""
+
+    rope_type: str = "default"
+    rope_theta: float = 10000.0
+    factor: float = 1.0  # linear, llama3
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_position_embeddings: int = 8192  # llama3
+
+
+@dataclass(frozen=True)
+class LayerGeometry:
+    """Everything a decoder layer needs to know about its shape, as plain JSON-able values."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+
+    @classmethod
+    def from_config(cls, config) -> "LayerGeometry":
+        """The target's own layer geometry, from its HF config (Llama, Mistral, Qwen2, Qwen3)."""
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"target config model_type={model_type!r} is not supported "
+                f"(supported: {sorted(SUPPORTED_MODEL_TYPES)})"
+            )
+        hidden_act = getattr(config, "hidden_act", "silu")
+        if hidden_act != "silu":
+            raise ValueError(f"target config hidden_act={hidden_act!r}: only 'silu' (SwiGLU) is supported")
+        num_heads = config.num_attention_heads
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"target config num_attention_heads={num_heads} is not a multiple of "
+                f"num_key_value_heads={num_kv_heads}"
+            )
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        return cls(
+            hidden_size=config.hidden_size,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // num_heads,
+            intermediate_size=config.intermediate_size,
+            rms_norm_eps=float(config.rms_norm_eps),
+            max_position_embeddings=config.max_position_embeddings,
+            rope=rope_from_config(config),
+            qkv_bias=attention_bias or model_type in _QKV_BIAS_MODEL_TYPES,
+            o_bias=attention_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            qk_norm=model_type in _QK_NORM_MODEL_TYPES,
+        )
+
+    def draft_layout(self) -> "LayerGeometry":
+        """Same sizes, Llama layout: what serving engines build for any EAGLE draft layer."""
+        return replace(self, qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False)
+
+
+def rope_from_config(config) -> RopeConfig:
+    """Read RoPE from transformers 5 `rope_parameters` or the older `rope_theta` + `rope_scaling`."""
+    params = getattr(config, "rope_parameters", None)
+    if params is None:
+        params = {
+            "rope_theta": getattr(config, "rope_theta", 10000.0),
+            **(getattr(config, "rope_scaling", None) or {}),
+        }
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"target config rope_type={rope_type!r} is not supported by the draft heads "
+            f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+        )
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("target config partial_rotary_factor != 1.0 is not supported by the draft heads")
+    defaults = RopeConfig()
+    return RopeConfig(
+        rope_type=rope_type,
+        rope_theta=float(params["rope_theta"]),
+        factor=float(params.get("factor", defaults.factor)),
+        low_freq_factor=float(params.get("low_freq_factor", defaults.low_freq_factor)),
+        high_freq_factor=float(params.get("high_freq_factor", defaults.high_freq_factor)),
+        original_max_position_embeddings=int(
+            params.get("original_max_position_embeddings", defaults.original_max_position_embeddings)
+        ),
+    )
+
+
+def inverse_frequencies(head_dim: int, rope: RopeConfig) -> torch.Tensor:
+    """RoPE inverse frequencies [head_dim / 2] in fp32, as transformers computes them."""
+    inv_freq = 1.0 / (rope.rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    if rope.rope_type == "default":
+        return inv_freq
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        old_len = rope.original_max_position_embeddings
+        low_freq_wavelen = old_len / rope.low_freq_factor
+        high_freq_wavelen = old_len / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    raise ValueError(f"rope_type={rope.rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 and cast back before the weight, as transformers does.
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, rope: RopeConfig):
+        super().__init__()
+        self.head_dim = head_dim
+        self.rope = rope
+        self.register_buffer("inv_freq", inverse_frequencies(head_dim, rope), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        # Casting a head to bf16 must not cast the frequency table: engines build it in fp32.
+        self.inv_freq = inverse_frequencies(self.head_dim, self.rope).to(self.inv_freq.device)
+        return self
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, S, head_dim] for positions [B, S]."""
+        freqs = positions[..., None].float() * self.inv_freq  # [B, S, head_dim / 2]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, heads, S, head_dim] by cos/sin [B, S, head_dim] (rotate-half convention)."""
+    cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, geometry: LayerGeometry):
+        super().__init__()
+        hidden, inner, bias = geometry.hidden_size, geometry.intermediate_size, geometry.mlp_bias
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Attention(nn.Module):
+    """GQA self-attention with RoPE at explicit positions, an explicit bool mask and a static cache.
+
+    `input_size` differs from hidden_size for EAGLE-3, whose q/k/v read [embedding; feature].
+    """
+
+    def __init__(self, geometry: LayerGeometry, input_size: int | None = None):
+        super().__init__()
+        g = geometry
+        input_size = input_size or g.hidden_size
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            g.num_attention_heads,
+            g.num_key_value_heads,
+            g.head_dim,
+        )
+        self.q_proj = nn.Linear(input_size, g.num_attention_heads * g.head_dim, bias=g.qkv_bias)
+        self.k_proj = nn.Linear(input_size, g.num_key_value_heads * g.head_dim, bias=g.qkv_bias)
+        self.v_proj = nn.Linear(input_size, g.num_key_value_heads * g.head_dim, bias=g.qkv_bias)
+        self.o_proj = nn.Linear(g.num_attention_heads * g.head_dim, g.hidden_size, bias=g.o_bias)
+        if g.qk_norm:
+            self.q_norm = RMSNorm(g.head_dim, g.rms_norm_eps)
+            self.k_norm = RMSNorm(g.head_dim, g.rms_norm_eps)
+        self.qk_norm = g.qk_norm
+        self.rotary = RotaryEmbedding(g.head_dim, g.rope)
+
+    def project(
+        self, x: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, S, in], positions [B, S] -> q [B, heads, S, d], k and v [B, kv_heads, S, d], rotated."""
+        batch, seq = x.shape[:2]
+        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = self.rotary(positions, x.dtype)
+        q = apply_rotary(q.transpose(1, 2), cos, sin)
+        k = apply_rotary(k.transpose(1, 2), cos, sin)
+        return q, k, v.transpose(1, 2)
+
+    def output(self, attended: torch.Tensor) -> torch.Tensor:
+        """attended [B, heads, S, d] -> [B, S, hidden]."""
+        batch, _, seq, _ = attended.shape
+        return self.o_proj(attended.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache | None = None,
+        cache_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x [B, S, in]; positions [B, S]; mask bool [B or 1, 1, S, Skv] (True = attend), where Skv
+        is S without a cache and cache.max_len with one; K/V are written at cache_positions [S]."""
+        q, k, v = self.project(x, positions)
+        if cache is not None:
+            k, v = cache.update(cache_positions, k, v)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return self.output(attended)
+
+
+class DecoderLayer(nn.Module):
+    """A Llama decoder layer; `input_layernorm=False` is EAGLE-1's first layer (vLLM layout)."""
+
+    def __init__(self, geometry: LayerGeometry, input_layernorm: bool = True):
+        super().__init__()
+        if input_layernorm:
+            self.input_layernorm = RMSNorm(geometry.hidden_size, geometry.rms_norm_eps)
+        self.has_input_layernorm = input_layernorm
+        self.self_attn = Attention(geometry)
+        self.post_attention_layernorm = RMSNorm(geometry.hidden_size, geometry.rms_norm_eps)
+        self.mlp = SwiGLU(geometry)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache | None = None,
+        cache_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """hidden [B, S, H] -> [B, S, H]; arguments as in `Attention.forward`."""
+        attn_input = self.input_layernorm(hidden) if self.has_input_layernorm else hidden
+        hidden = hidden + self.self_attn(attn_input, positions, mask, cache, cache_positions)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class ResBlock(nn.Linear):
+    """Medusa's block: x + SiLU(W x + b), W zero-initialised so a fresh head starts near identity.
+
+    A Linear subclass so its parameters are `weight`/`bias`, as in vLLM's MedusaModel.
+    """
+
+    def __init__(self, hidden_size: int):
+        super().__init__(hidden_size, hidden_size, bias=True)
+        nn.init.zeros_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.silu(super().forward(x))
+
+
+def causal_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """attention_mask [B, T] (1 = real token) -> bool [B, 1, T, T]: key j visible to query t iff
+    j <= t and j is real. Each query also sees itself, so padded rows never softmax over nothing."""
+    seq = attention_mask.shape[1]
+    idx = torch.arange(seq, device=attention_mask.device)
+    lower = idx[None, :] <= idx[:, None]  # [T, T]
+    visible = lower[None] & attention_mask.bool()[:, None, :]
+    return (visible | torch.eye(seq, dtype=torch.bool, device=attention_mask.device))[:, None]

@@ -1,0 +1,335 @@
+"""EAGLE-3 draft head (SPEC.md section 4), in SGLang's `LlamaForCausalLMEagle3` parameter layout.
+
+    fc                 [h, 3h]   fuses the target's low/middle/high hidden states
+    midlayer           one decoder layer; q/k/v read [input_layernorm(embedding); hidden_norm(feature)]
+                       (2h wide), the residual is the feature
+    norm, lm_head      [draft_V, h] over the reduced draft vocab; d2t [draft_V] and t2d [V] map it
+    embed_tokens       the TARGET's token embedding, a frozen parameter sharing the target's
+                       storage; never saved (from_pretrained takes it again), export may add it
+
+Feature and token pairing (the EAGLE shift): the feature of position t goes with the token at
+t + 1, at RoPE position t, and the head's output predicts the token at t + 2. The pre-norm
+output is the next step's feature. The training forward (`forward`) takes token-aligned
+tensors and does the shift itself; the decode step (`step`) takes pairs the caller aligned.
+Layer ids follow docs/ARCHITECTURE.md: id i = output of target layer i.
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from heads.blocks import Attention, LayerGeometry, RMSNorm, SwiGLU, causal_mask
+from heads.draft_vocab import DraftVocab
+from heads.kv_cache import KVCache
+from heads.registry import check_target_weight, load_trained_state, read_head, trained_state, write_head
+
+NUM_FEATURE_LAYERS = 3
+
+
+def default_layer_ids(num_layers: int) -> list[int]:
+    """Low, middle and high layer outputs: [1, n // 2 - 1, n - 4] (SpecForge/ModelOpt ids)."""
+    return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+@dataclass
+class Eagle3Args:
+    """What the head is made of; saved as JSON beside the weights."""
+
+    layer: LayerGeometry  # the midlayer: target sizes, Llama layout
+    vocab_size: int  # the target's
+    draft_vocab_size: int
+    target_layer_ids: list[int]  # output-of-layer ids (docs/ARCHITECTURE.md)
+    target_num_layers: int
+
+    def check_fits(self, target_config) -> None:
+        """Raise a ValueError naming the first head field that does not fit the target config."""
+        _check_field("hidden_size", self.layer.hidden_size, "hidden_size", target_config.hidden_size)
+        _check_field("vocab_size", self.vocab_size, "vocab_size", target_config.vocab_size)
+        if not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"head config field 'draft_vocab_size' = {self.draft_vocab_size} must be in 1..{self.vocab_size} "
+                "(the target's vocab_size)"
+            )
+        num_layers = target_config.num_hidden_layers
+        ids = self.target_layer_ids
+        if len(ids) != NUM_FEATURE_LAYERS or not all(0 <= i < num_layers for i in ids):
+            raise ValueError(
+                f"head config field 'target_layer_ids' = {ids} must be {NUM_FEATURE_LAYERS} layer ids in "
+                f"0..{num_layers - 1} (the target has {num_layers} layers)"
+            )
+        _check_field("target_num_layers", self.target_num_layers, "num_hidden_layers", num_layers)
+
+
+def _check_field(name: str, head_value, target_name: str, target_value) -> None:
+    if head_value != target_value:
+        raise ValueError(
+            f"head config field {name!r} = {head_value} does not fit the target ({target_name} = {target_value})"
+        )
+
+
+@dataclass
+class UnrolledSteps:
+    """The training-time-test unroll: one [B, T, h] per step; row t of step k predicts token t + k + 2."""
+
+    hidden_states: list[torch.Tensor]  # pre-norm; each is the next step's feature
+    normed_states: list[torch.Tensor]  # after `norm`: what lm_head reads
+
+
+def unrolled_attention(
+    query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], step0_mask: torch.Tensor
+) -> torch.Tensor:
+    """Attention of TTT step k = len(keys) - 1, without materialising (k + 1) x T keys per query.
+
+    query [B, heads, T, d]; keys/values: one [B, kv_heads, T, d] per step so far; step0_mask bool
+    [B, 1, T, T]. Query t sees step-0 keys where step0_mask allows (causal, real tokens), and the
+    keys of steps 1..k at the same row t only: at decode time those are the draft tokens it
+    extended row t with (SpecForge's cache_hidden pattern). Softmax in fp32, as transformers does.
+    """
+    batch, heads, seq, dim = query.shape
+    kv_heads = keys[0].shape[1]
+    grouped = query.view(batch, kv_heads, heads // kv_heads, seq, dim)  # head n -> kv head n // group
+    scale = 1 / math.sqrt(dim)
+    scores = (grouped @ keys[0][:, :, None].transpose(-1, -2)) * scale  # [B, kv_heads, group, T, T]
+    scores = scores.masked_fill(~step0_mask[:, :, None], float("-inf"))
+    diagonal = [(grouped * k[:, :, None]).sum(-1, keepdim=True) * scale for k in keys[1:]]  # [..., T, 1] each
+    weights = torch.softmax(torch.cat([scores, *diagonal], dim=-1), dim=-1, dtype=torch.float32).to(
+        query.dtype
+    )
+    attended = weights[..., :seq] @ values[0][:, :, None]  # [B, kv_heads, group, T, d]
+    for step, value in enumerate(values[1:]):
+        attended = attended + weights[..., seq + step, None] * value[:, :, None]
+    return attended.reshape(batch, heads, seq, dim)
+
+
+class Eagle3MidLayer(nn.Module):
+    def __init__(self, geometry: LayerGeometry):
+        super().__init__()
+        hidden, eps = geometry.hidden_size, geometry.rms_norm_eps
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.hidden_norm = RMSNorm(hidden, eps)
+        self.self_attn = Attention(geometry, input_size=2 * hidden)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = SwiGLU(geometry)
+
+    def _attention_input(self, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(features)], dim=-1)  # [B, S, 2h]
+
+    def _finish(self, features: torch.Tensor, attention_out: torch.Tensor) -> torch.Tensor:
+        hidden = features + attention_out
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache | None = None,
+        cache_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """embeds, features [B, S, h] -> pre-norm hidden [B, S, h]; the rest as in `Attention.forward`."""
+        attention_input = self._attention_input(embeds, features)
+        return self._finish(
+            features, self.self_attn(attention_input, positions, mask, cache, cache_positions)
+        )
+
+    def forward_unrolled(
+        self,
+        embeds: torch.Tensor,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        step0_mask: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """One TTT step over all rows; appends this step's keys/values to `keys`/`values`."""
+        query, key, value = self.self_attn.project(self._attention_input(embeds, features), positions)
+        keys.append(key)
+        values.append(value)
+        attended = unrolled_attention(query, keys, values, step0_mask)
+        return self._finish(features, self.self_attn.output(attended))
+
+
+class Eagle3Head(nn.Module):
+    kind = "eagle3"
+    frozen_weights = ("embed_tokens.weight",)
+
+    def __init__(
+        self,
+        args: Eagle3Args,
+        embed_weight: torch.Tensor,
+        draft_vocab: DraftVocab | None = None,
+        lm_head_weight: torch.Tensor | None = None,
+    ):
+        """embed_weight [V, h]: the target's embedding (shared, frozen). draft_vocab: required unless
+        draft_vocab_size == vocab_size. lm_head_weight [V, h]: the target's, to start lm_head from
+        its draft-vocab rows (random init without it)."""
+        super().__init__()
+        hidden = args.layer.hidden_size
+        self.args = args
+        if draft_vocab is None:
+            if args.draft_vocab_size != args.vocab_size:
+                raise ValueError(
+                    f"draft_vocab_size={args.draft_vocab_size} < vocab_size={args.vocab_size} needs a draft_vocab"
+                )
+            draft_vocab = DraftVocab.full(args.vocab_size)
+        if draft_vocab.d2t.numel() != args.draft_vocab_size or draft_vocab.t2d.numel() != args.vocab_size:
+            raise ValueError(
+                f"draft vocab maps {draft_vocab.d2t.numel()} draft ids over {draft_vocab.t2d.numel()} target ids; "
+                f"the head config has draft_vocab_size={args.draft_vocab_size}, vocab_size={args.vocab_size}"
+            )
+        embed_weight = check_target_weight(embed_weight, (args.vocab_size, hidden), "embed_weight")
+        self.embed_tokens = nn.Embedding.from_pretrained(embed_weight, freeze=True)  # the target's storage
+        self.fc = nn.Linear(NUM_FEATURE_LAYERS * hidden, hidden, bias=False)
+        self.midlayer = Eagle3MidLayer(args.layer)
+        self.norm = RMSNorm(hidden, args.layer.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, args.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", draft_vocab.d2t.to(torch.int64).clone())
+        self.register_buffer("t2d", draft_vocab.t2d.to(torch.bool).clone())
+        if lm_head_weight is not None:
+            lm_head_weight = check_target_weight(lm_head_weight, (args.vocab_size, hidden), "lm_head_weight")
+            with torch.no_grad():
+                self.lm_head.weight.copy_(lm_head_weight[self.draft_token_ids.to(lm_head_weight.device)])
+
+    @classmethod
+    def from_target(
+        cls,
+        target_config,
+        *,
+        embed_weight: torch.Tensor,
+        draft_vocab: DraftVocab,
+        target_layer_ids: Sequence[int] | None = None,
+        lm_head_weight: torch.Tensor | None = None,
+    ) -> "Eagle3Head":
+        """A fresh head for a target; target_layer_ids None -> `default_layer_ids`."""
+        num_layers = target_config.num_hidden_layers
+        args = Eagle3Args(
+            layer=LayerGeometry.from_config(target_config).draft_layout(),
+            vocab_size=target_config.vocab_size,
+            draft_vocab_size=draft_vocab.d2t.numel(),
+            target_layer_ids=list(
+                default_layer_ids(num_layers) if target_layer_ids is None else target_layer_ids
+            ),
+            target_num_layers=num_layers,
+        )
+        args.check_fits(target_config)
+        return cls(args, embed_weight, draft_vocab, lm_head_weight)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path,
+        *,
+        embed_weight: torch.Tensor,
+        lm_head_weight: torch.Tensor | None = None,
+        target_config=None,
+    ) -> "Eagle3Head":
+        """Load a saved head; embed_weight is the target's; lm_head_weight is unused (uniform API)."""
+        args, tensors = read_head(path, cls.kind, Eagle3Args)
+        if target_config is not None:
+            args.check_fits(target_config)
+        missing = [key for key in ("d2t", "t2d") if key not in tensors]
+        if missing:
+            raise ValueError(f"{path}: missing keys {missing}")
+        head = cls(
+            args, embed_weight, DraftVocab(tensors["d2t"], tensors["t2d"], token_coverage=float("nan"))
+        )
+        load_trained_state(head, tensors, cls.frozen_weights, str(path))
+        return head
+
+    def save_pretrained(self, path) -> None:
+        write_head(path, self.kind, self.args, trained_state(self, self.frozen_weights))
+
+    # Decode API (eval/decoder.py).
+
+    @property
+    def target_layer_ids(self) -> list[int]:
+        return list(self.args.target_layer_ids)
+
+    @property
+    def draft_token_ids(self) -> torch.Tensor:
+        """int64 [draft_V]: the target id of each draft id."""
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+
+    def project_features(
+        self, hidden_states: Sequence[torch.Tensor], final_hidden: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The target's hidden states at target_layer_ids (3 x [B, S, h]) -> step-0 features [B, S, h]."""
+        if len(hidden_states) != NUM_FEATURE_LAYERS:
+            raise ValueError(
+                f"EAGLE-3 needs {NUM_FEATURE_LAYERS} target hidden states, got {len(hidden_states)}"
+            )
+        return self.fc(torch.cat(list(hidden_states), dim=-1).to(self.fc.weight.dtype))
+
+    def new_cache(self, batch_size: int, max_len: int, device, dtype: torch.dtype) -> list[KVCache]:
+        layer = self.args.layer
+        return [
+            KVCache(
+                batch_size, layer.num_key_value_heads, max_len, layer.head_dim, dtype=dtype, device=device
+            )
+        ]
+
+    def step(
+        self,
+        features: torch.Tensor,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: list[KVCache] | None,
+        cache_positions: torch.Tensor | None,
+        attn_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft forward over S aligned pairs.
+
+        features [B, S, h] (projected, or a previous step's hidden); input_ids [B, S] = the token
+        after each feature's position; positions [B, S] = the feature's position; K/V written at
+        cache_positions [S]; attn_mask bool [B or 1, 1, S, max_len] (True = attend; [.., S, S]
+        without a cache). Returns pre-norm hidden [B, S, h] and draft_logits [B, S, draft_V].
+        """
+        layer_cache = cache[0] if cache is not None else None
+        embeds = self.embed_tokens(input_ids)
+        hidden = self.midlayer(embeds, features, positions, attn_mask, layer_cache, cache_positions)
+        return hidden, self.lm_head(self.norm(hidden))
+
+    # Training.
+
+    def forward(
+        self,
+        features: Sequence[torch.Tensor],
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        num_steps: int,
+    ) -> UnrolledSteps:
+        """Training-time test: unroll `num_steps` steps over whole sequences.
+
+        features: the target's hidden states at target_layer_ids, 3 x [B, T, h]; input_ids and
+        attention_mask [B, T], token-aligned. Step k, row t: the pair (step k - 1's output at row t,
+        token t + k + 1) at position t + k, predicting token t + k + 2 (ground-truth tokens at every
+        step, as SpecForge). Rows past the end read token 0 and must be masked by the loss.
+        """
+        if num_steps < 1:
+            raise ValueError(f"num_steps={num_steps} must be >= 1")
+        batch, seq = input_ids.shape
+        hidden = self.project_features(features, None)
+        positions = torch.arange(seq, device=input_ids.device).expand(batch, seq)
+        step0_mask = causal_mask(attention_mask)
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        unrolled = UnrolledSteps(hidden_states=[], normed_states=[])
+        for step in range(num_steps):
+            tokens = _shift_left(input_ids, step + 1)
+            hidden = self.midlayer.forward_unrolled(
+                self.embed_tokens(tokens), hidden, positions + step, step0_mask, keys, values
+            )
+            unrolled.hidden_states.append(hidden)
+            unrolled.normed_states.append(self.norm(hidden))
+        return unrolled
+
+
+def _shift_left(input_ids: torch.Tensor, shift: int) -> torch.Tensor:
+    """[B, T] -> [B, T] with row t holding token t + shift (token 0 past the end)."""
+    return torch.cat(
+        [input_ids[:, shift:], input_ids.new_zeros(input_ids.shape[0], min(shift, input_ids.shape[1]))], 1
+    )
