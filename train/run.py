@@ -39,7 +39,7 @@ def check_stages(stages: list[str]) -> None:
 
 def run(job: JobConfig) -> dict:
     """Run the configured stages; returns what each produced (paths, summaries)."""
-    from data.prepare import prepare_dataset
+    from data.prepare import default_out_dir, prepare_dataset
     from heads.target import Target
     from train.trainer import make_accelerator, train
 
@@ -55,10 +55,10 @@ def run(job: JobConfig) -> dict:
     results: dict = {}
     target = Target.load(job.target)
     with accelerator.main_process_first():
-        prepared = prepare_dataset(job.data, target.tokenizer, run_dir / "data")
+        prepared = prepare_dataset(job.data, target.tokenizer, default_out_dir(job.data, target.tokenizer))
     if accelerator.is_main_process and "prepare" in job.stages:
         print(prepared.summary(), flush=True)
-    results["data"] = prepared.manifest
+    results["data_dir"] = str(prepared.out_dir)
     if "train" in job.stages:
         results["head_dir"] = str(train(job, accelerator, target, prepared.train, prepared.validation))
     if accelerator.is_main_process and "eval" in job.stages:

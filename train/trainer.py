@@ -204,11 +204,27 @@ def train(
         if state.step % cfg.checkpoint_every == 0 or state.step == cfg.max_steps:
             save_checkpoint(accelerator, run_dir / "checkpoints", state)
     bar.close()
+    accelerator.log({"train/rank_weight_spread": weight_spread(accelerator, params)}, step=state.step)
     head_dir = run_dir / "head"
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).head.save_pretrained(head_dir)
     accelerator.wait_for_everyone()
     return head_dir
+
+
+def weight_spread(accelerator: Accelerator, params: list[torch.Tensor]) -> float:
+    """Largest difference of a weight checksum between ranks: 0 when data parallelism held.
+
+    Guards the silent failure of a CPU launch without `cpu=True`: two unsynced processes.
+    """
+    checksum = torch.stack(
+        [torch.stack([p.detach().double().sum(), p.detach().double().square().sum()]) for p in params]
+    ).sum(0)
+    gathered = accelerator.gather(checksum[None].to(accelerator.device))
+    spread = float((gathered - gathered[0]).abs().max())
+    if spread > 0:
+        raise RuntimeError(f"ranks ended training with different weights (checksum spread {spread:g})")
+    return spread
 
 
 def _flush(pending: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:

@@ -35,7 +35,10 @@ def chats_jsonl(tmp_path_factory) -> Path:
         for i in range(40):
             question = " ".join(rng.choice(words) for _ in range(rng.randint(4, 12)))
             answer = " ".join(rng.choice(words) for _ in range(rng.randint(8, 30)))
-            messages = [{"role": "user", "content": f"{i}: {question}"}, {"role": "assistant", "content": answer}]
+            messages = [
+                {"role": "user", "content": f"{i}: {question}"},
+                {"role": "assistant", "content": answer},
+            ]
             f.write(json.dumps({"messages": messages}) + "\n")
     return path
 

@@ -1,0 +1,72 @@
+"""Drafters for tests: they satisfy eval.decoder's drafter protocols without trained heads.
+
+`LMDrafter` drafts with a small causal LM through the cached forward (ignoring the
+features); a perturbed copy of the target accepts often, an unrelated random model
+almost never. Any target works, so the same tests can run on the embedded SmolLM2.
+"""
+
+import copy
+
+import torch
+from torch import nn
+
+from eval.target_forward import CachedTarget
+from heads.kv_cache import KVCache
+
+# The hidden state LMDrafter.step returns: features made by the drafter (not the target)
+# are recognisable in the recorded calls.
+DRAFTER_FEATURE = -1e4
+
+
+class LMDrafter:
+    """EAGLE-protocol drafter backed by a causal LM over the target vocabulary."""
+
+    def __init__(self, model: nn.Module, target_layer_ids=(0,), draft_token_ids: torch.Tensor | None = None):
+        self.lm = CachedTarget(model)
+        self.target_layer_ids = list(target_layer_ids)
+        vocab = model.lm_head.weight.shape[0]
+        self.draft_token_ids = torch.arange(vocab) if draft_token_ids is None else draft_token_ids
+        self.calls: list[dict] = []  # every step's inputs, for alignment checks
+
+    def project_features(self, hidden_states: list[torch.Tensor], final_hidden: torch.Tensor) -> torch.Tensor:
+        assert len(hidden_states) == len(self.target_layer_ids)
+        return final_hidden
+
+    def new_cache(self, batch_size: int, max_len: int, device, dtype) -> list[KVCache]:
+        return self.lm.new_cache(batch_size, max_len)
+
+    def step(self, features, input_ids, positions, cache, cache_positions, attn_mask):
+        assert attn_mask.shape[-1] == cache[0].max_len, "the protocol passes masks over the whole cache"
+        self.calls.append(
+            {"features": features.clone(), "input_ids": input_ids.clone(), "positions": positions.clone()}
+        )
+        # The LM reads token t + 1 at its own position t + 1 (RoPE is relative: same thing).
+        out = self.lm.forward(input_ids, positions + 1, cache, cache_positions, attn_mask)
+        hidden = torch.full_like(out.final_hidden, DRAFTER_FEATURE)
+        return hidden, out.logits[..., self.draft_token_ids]
+
+
+def perturbed_copy(model: nn.Module, noise: float, seed: int = 1) -> nn.Module:
+    """A copy of model whose weights carry relative Gaussian noise: a drafter that often agrees."""
+    generator = torch.Generator().manual_seed(seed)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in twin.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * noise * param.std().clamp_min(1e-3))
+    return twin
+
+
+class TinyMedusa(nn.Module):
+    """Medusa-protocol heads: ResBlock (zero-init would copy the target; random here) + the target's lm_head."""
+
+    def __init__(self, target: nn.Module, num_heads: int = 4, seed: int = 0):
+        super().__init__()
+        hidden = target.config.hidden_size
+        torch.manual_seed(seed)
+        self.blocks = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(num_heads))
+        self.lm_head = target.lm_head
+
+    def forward(self, final_hidden: torch.Tensor) -> torch.Tensor:
+        return torch.stack(
+            [self.lm_head(final_hidden + nn.functional.silu(block(final_hidden))) for block in self.blocks]
+        )

@@ -1,0 +1,107 @@
+import pytest
+import torch
+from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from eval.target_forward import CachedTarget
+from eval.tree import causal_mask, tree_attention_mask, tree_layout
+from tests.helpers import tiny_llama
+
+MAX_LEN = 32
+
+
+SMALL = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+
+
+def tiny_qwen3():
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(Qwen3Config(head_dim=8, **SMALL)).eval()
+
+
+def tiny_mistral(sliding_window=None):
+    torch.manual_seed(0)
+    return MistralForCausalLM(MistralConfig(sliding_window=sliding_window, **SMALL)).eval()
+
+
+def full_forward(target: CachedTarget, input_ids: torch.Tensor, layer_ids):
+    length = input_ids.shape[1]
+    cache = target.new_cache(1, MAX_LEN)
+    positions = torch.arange(length).unsqueeze(0)
+    mask = causal_mask(0, length, MAX_LEN, "cpu")
+    return target.forward(input_ids, positions, cache, torch.arange(length), mask, layer_ids), cache
+
+
+@pytest.mark.parametrize("build", [tiny_llama, tiny_qwen3, tiny_mistral], ids=["llama", "qwen3", "mistral"])
+def test_cached_forward_equals_hf_forward(build):
+    model = build()
+    target = CachedTarget(model)
+    input_ids = torch.randint(0, 128, (1, 11))
+    last = target.num_layers - 1
+    out, _ = full_forward(target, input_ids, layer_ids=[last, 0])
+    with torch.no_grad():
+        reference = model(input_ids, output_hidden_states=True)
+    torch.testing.assert_close(out.logits, reference.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.hidden_states[1], reference.hidden_states[1], rtol=1e-5, atol=1e-5)
+    # HF's last entry is after the final norm; our layer ids are pre-norm (docs/ARCHITECTURE.md).
+    last_normed = model.model.norm(out.hidden_states[0])
+    torch.testing.assert_close(last_normed, reference.hidden_states[last + 1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.final_hidden, reference.hidden_states[-1], rtol=1e-5, atol=1e-5)
+
+
+def test_incremental_decoding_equals_full_forward():
+    target = CachedTarget(tiny_llama())
+    input_ids = torch.randint(0, 128, (1, 12))
+    full, full_cache = full_forward(target, input_ids, layer_ids=[0])
+    cache = target.new_cache(1, MAX_LEN)
+    pieces = [(0, 5), (5, 6), (6, 9), (9, 12)]  # a prefill, one token, then chunks
+    logits = []
+    for start, end in pieces:
+        slots = torch.arange(start, end)
+        # Attend to a bucket shorter than the cache: slots beyond it are never needed.
+        mask = causal_mask(start, end - start, 16, "cpu")
+        logits.append(target.forward(input_ids[:, start:end], slots.unsqueeze(0), cache, slots, mask).logits)
+    torch.testing.assert_close(torch.cat(logits, dim=1), full.logits, rtol=1e-5, atol=1e-5)
+    for layer, reference in zip(cache, full_cache):
+        torch.testing.assert_close(layer.k, reference.k, rtol=1e-5, atol=1e-5)
+
+
+def test_tree_forward_scores_each_branch_as_its_own_sequence():
+    target = CachedTarget(tiny_llama())
+    prompt = torch.randint(0, 128, (1, 6))
+    # Root (last prompt token) with two branches: [a, b] and [c].
+    parents = torch.tensor([-1, 0, 1, 0])
+    layout = tree_layout(parents, max_depth=2, max_children=2)
+    tree_tokens = torch.tensor([[prompt[0, -1], 7, 9, 11]])
+    cache = target.new_cache(1, MAX_LEN)
+    prefix = prompt[:, :-1]
+    slots = torch.arange(5)
+    target.forward(prefix, slots.unsqueeze(0), cache, slots, causal_mask(0, 5, MAX_LEN, "cpu"))
+    positions = 5 + layout.depths
+    tree_slots = torch.arange(5, 9)
+    mask = tree_attention_mask(layout, prefix_len=5, kv_len=MAX_LEN)
+    tree_logits = target.forward(tree_tokens, positions.unsqueeze(0), cache, tree_slots, mask).logits
+    branch_ab = torch.cat([prompt, torch.tensor([[7, 9]])], dim=1)
+    branch_c = torch.cat([prompt, torch.tensor([[11]])], dim=1)
+    ab_logits, _ = full_forward(target, branch_ab, layer_ids=())
+    c_logits, _ = full_forward(target, branch_c, layer_ids=())
+    torch.testing.assert_close(tree_logits[:, [0, 1, 2]], ab_logits.logits[:, -3:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tree_logits[:, 3], c_logits.logits[:, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_architectures_and_layer_ids_are_refused():
+    target = CachedTarget(tiny_llama())
+    with pytest.raises(ValueError, match="layer ids \\[5\\] out of range"):
+        full_forward(target, torch.zeros(1, 2, dtype=torch.long), layer_ids=[5])
+    model = tiny_llama()
+    model.config.model_type = "gemma"
+    with pytest.raises(ValueError, match="model_type 'gemma' is not supported"):
+        CachedTarget(model)
+    with pytest.raises(ValueError, match="sliding-window attention \\(window 16\\)"):
+        CachedTarget(tiny_mistral(sliding_window=16)).new_cache(1, MAX_LEN)

@@ -1,0 +1,36 @@
+"""The registry picks the kernel or the reference from the device, the argument and the env."""
+
+import pytest
+
+from kernels import registry
+
+
+def test_auto_picks_the_reference_on_cpu_and_the_kernel_on_cuda(monkeypatch):
+    monkeypatch.delenv(registry.ENV_VAR, raising=False)
+    assert registry.kernel("soft_kl", "cpu").__name__ == "soft_kl_reference"
+    assert registry.kernel("kv_compact", "cpu").__name__ == "compact_kv_reference"
+    assert registry.resolve_impl("cuda") == "triton"
+    assert registry.resolve_impl("cuda", impl="reference") == "reference"
+
+
+def test_the_argument_overrides_the_environment(monkeypatch):
+    monkeypatch.setenv(registry.ENV_VAR, "reference")
+    assert registry.resolve_impl("cuda") == "reference"
+    assert registry.kernel("soft_kl", "cpu", impl="triton").__name__ == "fused_soft_kl"  # interpreter on
+    monkeypatch.setenv(registry.ENV_VAR, "triton")
+    assert registry.kernel("kv_compact", "cpu").__name__ == "compact_kv_triton"
+
+
+def test_triton_on_cpu_without_the_interpreter_is_an_error(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        registry.kernel("soft_kl", "cpu", impl="triton")
+    assert registry.kernel("soft_kl", "cpu").__name__ == "soft_kl_reference"
+
+
+def test_unknown_names_are_errors(monkeypatch):
+    monkeypatch.setenv(registry.ENV_VAR, "fast")
+    with pytest.raises(ValueError, match=r"\$DRAFTER_KERNELS='fast'"):
+        registry.kernel("soft_kl", "cpu")
+    with pytest.raises(ValueError, match="unknown kernel op 'softmax'"):
+        registry.kernel("softmax", "cpu", impl="reference")
