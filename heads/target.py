@@ -27,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, 
 
 log = logging.getLogger(__name__)
 
+TARGET_IDENTITY = "target.json"  # beside a trained head: the target it was trained for
 SOURCE = "source.json"  # provenance + weight hashes of a converted GGUF
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -252,6 +253,35 @@ class Target(nn.Module):
     @property
     def tokenizer_hash(self) -> str:
         return tokenizer_hash(self.tokenizer)
+
+    def identity(self) -> dict:
+        """What a head trained on this target depends on (saved beside the head)."""
+        return {
+            "name": str(self.config.name_or_path),
+            "tokenizer_hash": self.tokenizer_hash,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "num_layers": self.num_layers,
+        }
+
+    def save_identity(self, head_dir: Path) -> None:
+        (Path(head_dir) / TARGET_IDENTITY).write_text(json.dumps(self.identity(), indent=2))
+
+    def check_head_dir(self, head_dir: Path) -> None:
+        """Refuse a head trained for another target (sizes or tokenizer differ)."""
+        path = Path(head_dir) / TARGET_IDENTITY
+        if not path.is_file():
+            log.warning(
+                "%s has no %s: cannot check it was trained for this target", head_dir, TARGET_IDENTITY
+            )
+            return
+        recorded = json.loads(path.read_text())
+        for key, value in self.identity().items():
+            if key != "name" and recorded.get(key) != value:
+                raise ValueError(
+                    f"{head_dir} was trained for target {recorded.get('name')!r} with {key}="
+                    f"{recorded.get(key)!r}; this target has {key}={value!r}"
+                )
 
     def check_layer_ids(self, layer_ids: Sequence[int]) -> None:
         bad = [i for i in layer_ids if not 0 <= i < self.num_layers]

@@ -11,6 +11,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from data.prepare import DataConfig
+from eval.run import EvalConfig
 from heads.target import TargetConfig
 
 STAGES = ("prepare", "train", "eval", "export")
@@ -72,28 +73,6 @@ class TrainConfig:
     resume: str = "auto"
     # Stop after this many consecutive non-finite losses (each one skips its step).
     max_bad_steps: int = 3
-
-
-@dataclass
-class EvalConfig:
-    # Packaged names (mt_bench, humaneval, gsm8k) or paths to JSONL prompt sets.
-    tasks: list[str] = field(default_factory=lambda: ["mt_bench", "humaneval", "gsm8k"])
-    # Prompts per task; null = all. Small values give a quick but noisy AL.
-    prompts_per_task: int | None = 8
-    max_new_tokens: int = 64
-    # chain | tree
-    mode: str = "chain"
-    draft_length: int = 4
-    # Tree drafting: top-k expansion per depth and total node budget.
-    tree_top_k: int = 4
-    tree_budget: int = 12
-    # 0 = greedy. top_p / top_k are applied identically to target and draft.
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    # Compare against the plain loop and HF generate (greedy + prompt lookup).
-    baselines: bool = True
-    seed: int = 0
 
 
 @dataclass

@@ -31,6 +31,29 @@ def wandb_init_kwargs(job: JobConfig) -> dict:
     return {"wandb": kwargs}
 
 
+def log_eval(accelerator):
+    """Send the eval report's figures and plots to W&B (when a tracker is on)."""
+
+    def log(report: dict) -> None:
+        if not accelerator.trackers:
+            return
+        import wandb
+
+        scalars = {
+            f"eval/{task}/{key}": value
+            for task, summary in report["task"].items()
+            for key, value in summary.items()
+            if isinstance(value, (int, float))
+        }
+        scalars |= {
+            f"eval/overall/{k}": v for k, v in report["overall"].items() if isinstance(v, (int, float))
+        }
+        images = {f"eval/plots/{Path(p).stem}": wandb.Image(p) for p in report.get("plots", [])}
+        accelerator.get_tracker("wandb", unwrap=True).log(scalars | images)
+
+    return log
+
+
 def check_stages(stages: list[str]) -> None:
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
@@ -62,9 +85,10 @@ def run(job: JobConfig) -> dict:
     if "train" in job.stages:
         results["head_dir"] = str(train(job, accelerator, target, prepared.train, prepared.validation))
     if accelerator.is_main_process and "eval" in job.stages:
-        from eval.run import evaluate_job
+        from eval.run import evaluate
 
-        results["eval_report"] = str(evaluate_job(job, target, run_dir / "head", accelerator))
+        report = evaluate(target, run_dir / "head", job.eval, run_dir / "eval", log_fn=log_eval(accelerator))
+        results["eval_report"] = str(report)
     if accelerator.is_main_process and "export" in job.stages:
         from heads.export import export_job
 

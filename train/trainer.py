@@ -208,6 +208,7 @@ def train(
     head_dir = run_dir / "head"
     if accelerator.is_main_process:
         accelerator.unwrap_model(model).head.save_pretrained(head_dir)
+        target.save_identity(head_dir)
     accelerator.wait_for_everyone()
     return head_dir
 

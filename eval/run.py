@@ -1,0 +1,295 @@
+"""Evaluate a head: acceptance length per task with the built-in decoder, and wall-clock
+time per token against plain decoding, HF greedy `generate` and HF prompt lookup, all
+measured in one run (warm-up first, methods interleaved per request).
+
+    python eval/run.py --head outputs/eagle3/head --out outputs/eagle3/eval [--tasks mt_bench ...]
+
+The job's eval stage (`train/run.py`) calls `evaluate` with the same settings.
+Multi-turn prompts (MT-bench) replay earlier turns with the target's own answers.
+"""
+
+import argparse
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from data.eval_sets import EvalPrompt, load_eval_set
+from eval.baselines import hf_generate
+from eval.decoder import ChainDrafting, MedusaTreeDrafting, SpeculativeDecoder, TreeDrafting
+from eval.policies import DraftProbabilityThreshold, StaticDraftLength
+from eval.report import Record, build_report, write_report
+from eval.tree import causal_mask
+from eval.verify import SamplingParams
+from heads.registry import load_head, read_head_config
+from heads.target import Target, TargetConfig
+
+log = logging.getLogger(__name__)
+
+PROMPT_LOOKUP_TOKENS = 10  # HF's prompt-lookup n-gram draft length (SPEC.md §7 reference)
+SPECULATIVE, PLAIN, HF_GREEDY, HF_LOOKUP = "speculative", "plain", "hf_greedy", "hf_prompt_lookup"
+
+
+@dataclass
+class EvalConfig:
+    # Packaged names (mt_bench, humaneval, gsm8k) or paths to JSONL prompt sets.
+    tasks: list[str] = field(default_factory=lambda: ["mt_bench", "humaneval", "gsm8k"])
+    # Prompts per task; null = all. Small values give a quick but noisy AL.
+    prompts_per_task: int | None = 8
+    max_new_tokens: int = 64
+    # chain | tree (EAGLE heads; Medusa heads always use their static tree).
+    mode: str = "chain"
+    # Chain: drafts per round (the maximum, under an adaptive policy). Tree: depth.
+    draft_length: int = 4
+    # static: always draft_length; draft_prob: EAGLE-2's stop rule (chain probability below
+    # policy_threshold ends the round).
+    policy: str = "static"
+    policy_threshold: float = 0.3
+    # Tree drafting: top-k expansion per depth and total node budget.
+    tree_top_k: int = 4
+    tree_budget: int = 12
+    # 0 = greedy. top_p / top_k are applied identically to target and draft.
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    # Time the plain loop and HF generate (greedy + prompt lookup) on the same prompts.
+    baselines: bool = True
+    seed: int = 0
+
+
+def load_trained_head(target: Target, head_dir: Path) -> torch.nn.Module:
+    target.check_head_dir(head_dir)
+    head = load_head(
+        head_dir,
+        embed_weight=target.embed_weight,
+        lm_head_weight=target.lm_head_weight,
+        target_config=target.config,
+    )
+    return head.to(device=target.device, dtype=target.dtype).eval()
+
+
+def make_decoder(target: Target, head, kind: str, cfg: EvalConfig, max_len: int) -> SpeculativeDecoder:
+    if kind == "medusa":
+        drafting = MedusaTreeDrafting()
+    elif cfg.mode == "tree":
+        drafting = TreeDrafting(depth=cfg.draft_length, top_k=cfg.tree_top_k, budget=cfg.tree_budget)
+    elif cfg.mode == "chain":
+        policies = {
+            "static": lambda: StaticDraftLength(cfg.draft_length),
+            "draft_prob": lambda: DraftProbabilityThreshold(cfg.draft_length, cfg.policy_threshold),
+        }
+        if cfg.policy not in policies:
+            raise ValueError(f"eval.policy={cfg.policy!r}; choose one of {sorted(policies)}")
+        drafting = ChainDrafting(policies[cfg.policy]())
+    else:
+        raise ValueError(f"eval.mode={cfg.mode!r}; choose chain or tree")
+    return SpeculativeDecoder(
+        target.model, head, drafting, max_len, eos_token_id=target.tokenizer.eos_token_id
+    )
+
+
+def encode_turn(target: Target, history: list[dict], turn: str) -> list[int]:
+    messages = history + [{"role": "user", "content": turn}]
+    ids = target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+class Runner:
+    """Runs every method on one turn, in an order that rotates between turns."""
+
+    def __init__(self, target: Target, decoder: SpeculativeDecoder, cfg: EvalConfig):
+        self.target, self.decoder, self.cfg = target, decoder, cfg
+        self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+        self.generator = torch.Generator(device=target.device).manual_seed(cfg.seed)
+        self.methods = [SPECULATIVE] + ([PLAIN, HF_GREEDY, HF_LOOKUP] if cfg.baselines else [])
+        self.turns_run = 0
+
+    def _run(self, method: str, prompt_ids: list[int]) -> tuple[list[int], float, object]:
+        start = time.perf_counter()
+        if method == SPECULATIVE:
+            out = self.decoder.generate(prompt_ids, self.cfg.max_new_tokens, self.sampling, self.generator)
+            return out.tokens, time.perf_counter() - start, out.metrics
+        if method == PLAIN:
+            out = self.decoder.generate_plain(
+                prompt_ids, self.cfg.max_new_tokens, self.sampling, self.generator
+            )
+            return out.tokens, time.perf_counter() - start, None
+        lookup = PROMPT_LOOKUP_TOKENS if method == HF_LOOKUP else 0
+        tokens, seconds = hf_generate(
+            self.target.model,
+            torch.tensor([prompt_ids], device=self.target.device),
+            self.cfg.max_new_tokens,
+            self.target.tokenizer.eos_token_id,
+            prompt_lookup_tokens=lookup,
+            sampling=self.sampling,
+        )
+        return tokens, seconds, None
+
+    def turn(self, prompt_ids: list[int]) -> tuple[dict[str, list[int]], dict[str, float], object]:
+        shift = self.turns_run % len(self.methods)
+        order = self.methods[shift:] + self.methods[:shift]
+        tokens, seconds, metrics = {}, {}, None
+        for method in order:
+            tokens[method], seconds[method], m = self._run(method, prompt_ids)
+            metrics = m if m is not None else metrics
+        self.turns_run += 1
+        return tokens, seconds, metrics
+
+
+@torch.no_grad()
+def measure_costs(decoder: SpeculativeDecoder, cfg: EvalConfig, context: int = 256, reps: int = 8) -> dict:
+    """α: drafting one round / one plain target step; β: verifying K + 1 tokens minus one
+    plain step, over one plain step. Measured here, on this machine, at `context` tokens."""
+    plain = decoder.plain
+    context = min(context, plain.max_len - cfg.draft_length - 2)
+    prompt = torch.randint(0, plain.vocab_size, (1, context), device=plain.device)
+    plain.forward(prompt, 0)
+    verify_len = decoder.drafting.verify_room if cfg.mode == "tree" else cfg.draft_length + 1
+    one = prompt[:, -1:]
+    many = prompt[:, -verify_len:]
+
+    def timed(fn) -> float:
+        fn()  # warm-up
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - start) / reps
+
+    step = timed(lambda: plain.forward(one, context))
+    verify = timed(lambda: plain.forward(many, context))
+    draft_round = 0.0
+    if hasattr(decoder.drafter, "step"):
+        hidden = decoder.drafter.project_features(
+            *(lambda out: (out.hidden_states, out.final_hidden))(
+                plain.forward(one, context, layer_ids=decoder.layer_ids)
+            )
+        )
+        slot = plain.slots[context : context + 1]
+        mask = causal_mask(context, 1, decoder.drafter_cache_len, plain.device)
+        one_draft = timed(
+            lambda: decoder.drafter.step(hidden, one, slot.unsqueeze(0), decoder.drafter_cache, slot, mask)
+        )
+        draft_round = cfg.draft_length * one_draft
+    alpha, beta = draft_round / step, (verify - step) / step
+    return {
+        "context_tokens": context,
+        "target_step_ms": 1000 * step,
+        "verify_ms": 1000 * verify,
+        "verify_tokens": verify_len,
+        "draft_round_ms": 1000 * draft_round,
+        "alpha": alpha,
+        "beta": beta,
+        "break_even_acceptance_length": 1 + alpha + beta,
+    }
+
+
+def evaluate(
+    target: Target,
+    head_dir: Path,
+    cfg: EvalConfig,
+    out_dir: Path,
+    log_fn: Callable[[dict], None] | None = None,
+) -> Path:
+    """Run the eval; write report.json/.md, records.jsonl and plots to out_dir; return the JSON path."""
+    head = load_trained_head(target, head_dir)
+    kind = read_head_config(head_dir)["kind"]
+    prompts: list[EvalPrompt] = [p for task in cfg.tasks for p in load_eval_set(task, cfg.prompts_per_task)]
+    longest = max(len(encode_turn(target, [], " ".join(p.turns))) for p in prompts)
+    max_len = longest + cfg.max_new_tokens * (1 + max(len(p.turns) for p in prompts)) + 16
+    decoder = make_decoder(target, head, kind, cfg, max_len)
+    runner = Runner(target, decoder, cfg)
+    runner.turn(encode_turn(target, [], "Say hello."))  # warm-up of every method
+
+    records: list[Record] = []
+    mismatches = 0
+    turns = sum(len(p.turns) for p in prompts)
+    with tqdm(total=turns, desc=f"eval ({', '.join(cfg.tasks)})") as bar:
+        for prompt in prompts:
+            history: list[dict] = []
+            for index, turn in enumerate(prompt.turns):
+                prompt_ids = encode_turn(target, history, turn)
+                tokens, seconds, metrics = runner.turn(prompt_ids)
+                reference = tokens.get(PLAIN, tokens[SPECULATIVE])
+                if cfg.temperature == 0 and tokens[SPECULATIVE] != reference:
+                    mismatches += 1
+                    log.error(
+                        "%s/%s turn %d: speculative output differs from plain greedy",
+                        prompt.task,
+                        prompt.id,
+                        index,
+                    )
+                records.append(
+                    Record(
+                        task=prompt.task,
+                        category=prompt.category,
+                        id=prompt.id,
+                        turn=index,
+                        prompt_tokens=len(prompt_ids),
+                        response_tokens=len(tokens[SPECULATIVE]),
+                        proposed_tokens=metrics.proposed_tokens,
+                        accepted_draft_tokens=metrics.accepted_draft_tokens,
+                        emitted_tokens=metrics.emitted_tokens,
+                        verification_rounds=metrics.verification_rounds,
+                        accepted_by_position=metrics.accepted_per_position,
+                        proposed_by_position=metrics.proposed_per_position,
+                        seconds=seconds,
+                    )
+                )
+                answer = target.tokenizer.decode(reference, skip_special_tokens=True)
+                history += [{"role": "user", "content": turn}, {"role": "assistant", "content": answer}]
+                bar.update(1)
+    costs = measure_costs(decoder, cfg) if kind != "medusa" else None
+    report = build_report(records, runner.methods, costs)
+    report["settings"] = dataclasses.asdict(cfg)
+    report["head"] = {"dir": str(head_dir), "kind": kind}
+    report["greedy_mismatches"] = mismatches if cfg.temperature == 0 else None
+    path = write_report(report, records, out_dir)
+    if log_fn is not None:
+        log_fn(json.loads(path.read_text()))
+    if mismatches:
+        raise RuntimeError(
+            f"{mismatches} greedy turns differ from plain decoding: the decoder is not lossless here "
+            f"(see {out_dir / 'records.jsonl'})"
+        )
+    return path
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--head", required=True, type=Path, help="directory of a trained head")
+    parser.add_argument("--out", required=True, type=Path, help="where the report goes")
+    parser.add_argument("--target", default=TargetConfig.name, help="target name, model dir or .gguf")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="auto")
+    for item in dataclasses.fields(EvalConfig):
+        default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
+        flag = "--" + item.name.replace("_", "-")
+        if isinstance(default, list):
+            parser.add_argument(flag, nargs="+", default=default)
+        elif isinstance(default, bool):
+            parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default)
+        else:
+            parser.add_argument(flag, type=type(default) if default is not None else int, default=default)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = _parser().parse_args(argv)
+    cfg = EvalConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig)})
+    target = Target.load(TargetConfig(name=args.target, dtype=args.dtype, device=args.device))
+    path = evaluate(target, args.head, cfg, args.out)
+    print((args.out / "report.md").read_text())
+    return path
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    main()

@@ -1,0 +1,72 @@
+"""The eval stage end to end on a tiny target: report, plots, costs, greedy identity."""
+
+import json
+
+import pytest
+
+from train.run import run
+
+
+@pytest.fixture
+def prompts_jsonl(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [
+        {"task": "toy", "id": "a", "category": "chat", "turns": ["the cat sat", "and then"]},
+        {"task": "toy", "id": "b", "category": "chat", "turns": ["a dog ran under the table"]},
+        {"task": "toy2", "id": "c", "category": "code", "turns": ["red blue red blue"]},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def _eval_overrides(prompts_jsonl, *extra):
+    return (
+        f"eval.tasks=[{prompts_jsonl}]",
+        "eval.prompts_per_task=null",
+        "eval.max_new_tokens=8",
+        "eval.draft_length=3",
+        "stages=[prepare,train,eval]",
+        *extra,
+    )
+
+
+def test_eval_stage_writes_a_report_with_al_speedups_costs_and_plots(make_job, prompts_jsonl, tmp_path):
+    run(make_job(*_eval_overrides(prompts_jsonl)))
+    out = tmp_path / "run" / "eval"
+    report = json.loads((out / "report.json").read_text())
+    assert report["greedy_mismatches"] == 0
+    assert set(report["task"]) == {"toy", "toy2"}
+    overall = report["overall"]
+    assert overall["requests"] == 4  # two turns of prompt a, one each of b and c
+    assert 1.0 <= overall["acceptance_length"] <= 1 + 3
+    for method in ("plain", "hf_greedy", "hf_prompt_lookup"):
+        assert overall[f"speedup_vs_{method}"] > 0
+    assert report["costs"]["alpha"] > 0 and report["costs"]["break_even_acceptance_length"] > 1
+    assert "speculation_pays" in report["prompt_bucket"][next(iter(report["prompt_bucket"]))]
+    assert len(overall["acceptance_by_position"]) == 3
+    assert all(
+        (out / name).is_file() for name in ("al_distribution.png", "acceptance_by_position.png", "report.md")
+    )
+    assert len((out / "records.jsonl").read_text().splitlines()) == 4
+
+
+def test_tree_mode_and_sampling_run(make_job, prompts_jsonl, tmp_path):
+    run(make_job(*_eval_overrides(prompts_jsonl, "eval.mode=tree", "eval.baselines=false")))
+    report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
+    assert report["greedy_mismatches"] == 0 and report["methods"] == ["speculative"]
+    run(make_job(*_eval_overrides(prompts_jsonl, "eval.temperature=1.0", "train.max_steps=6")))
+    report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
+    assert report["greedy_mismatches"] is None and report["overall"]["requests"] == 4
+
+
+def test_eval_refuses_a_head_trained_for_another_target(make_job, tmp_path):
+    from heads.target import Target
+
+    job = make_job()
+    run(job)
+    head_dir = tmp_path / "run" / "head"
+    identity = json.loads((head_dir / "target.json").read_text())
+    identity["tokenizer_hash"] = "0" * 64
+    (head_dir / "target.json").write_text(json.dumps(identity))
+    with pytest.raises(ValueError, match="tokenizer_hash"):
+        Target.load(job.target).check_head_dir(head_dir)
