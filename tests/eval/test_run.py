@@ -70,3 +70,22 @@ def test_eval_refuses_a_head_trained_for_another_target(make_job, tmp_path):
     (head_dir / "target.json").write_text(json.dumps(identity))
     with pytest.raises(ValueError, match="tokenizer_hash"):
         Target.load(job.target).check_head_dir(head_dir)
+
+
+def test_bench_prints_one_row_per_task_setting_and_temperature(make_job, prompts_jsonl, tmp_path):
+    from eval.bench import parse_setting, run_bench, table
+    from eval.run import EvalConfig
+    from heads.target import Target
+
+    job = make_job()
+    run(job)
+    base = EvalConfig(tasks=[str(prompts_jsonl)], prompts_per_task=None, max_new_tokens=6)
+    settings = [parse_setting("static:2"), parse_setting("draft_prob:3")]
+    rows = run_bench(
+        Target.load(job.target), tmp_path / "run" / "head", tmp_path / "bench", base, settings, [0.0, 1.0]
+    )
+    assert len(rows) == 2 * 2 * 3  # temperatures x settings x (2 tasks + overall)
+    assert all(row["tokens_per_s"] > 0 and row["speedup_vs_hf_greedy"] > 0 for row in rows)
+    assert table(rows).count("\n") == len(rows) + 1
+    with pytest.raises(ValueError, match="policy:K"):
+        parse_setting("static")

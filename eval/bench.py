@@ -1,0 +1,87 @@
+"""Decoding benchmark: per task, AL, tokens/s and speed-up of a trained head over the plain
+loop, HF greedy and HF prompt lookup, at T=0 and T=1, for one or more drafting settings.
+Every figure of one table comes from one run (same prompts, warm-up, interleaved order).
+
+    python eval/bench.py --head outputs/eagle3/head --out outputs/bench
+    python eval/bench.py --head outputs/eagle3/head --out outputs/bench \
+        --settings static:2 static:4 static:6 static:8 draft_prob:8 confidence:8
+"""
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from eval.run import EvalConfig, evaluate
+from heads.target import Target, TargetConfig
+
+METHODS = ("plain", "hf_greedy", "hf_prompt_lookup")
+
+
+def parse_setting(text: str) -> tuple[str, int]:
+    """'policy:K' (e.g. static:4, draft_prob:8, confidence:8) -> (policy, K)."""
+    policy, _, length = text.partition(":")
+    if not length.isdigit():
+        raise ValueError(f"setting {text!r}: expected policy:K, e.g. static:4")
+    return policy, int(length)
+
+
+def table(rows: list[dict]) -> str:
+    header = ["T", "setting", "task", "AL", "spec tok/s"] + [f"x vs {m}" for m in METHODS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [f"{row['temperature']:g}", row["setting"], row["task"], f"{row['acceptance_length']:.2f}"]
+        cells.append(f"{row['tokens_per_s']:.1f}")
+        cells += [f"{row.get(f'speedup_vs_{m}', float('nan')):.2f}" for m in METHODS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_bench(target: Target, head: Path, out: Path, base: EvalConfig, settings, temperatures) -> list[dict]:
+    rows = []
+    for temperature in temperatures:
+        for policy, length in settings:
+            name = f"{policy}:{length}"
+            cfg = dataclasses.replace(base, temperature=temperature, policy=policy, draft_length=length)
+            report = json.loads(
+                evaluate(target, head, cfg, out / f"T{temperature:g}-{policy}-{length}").read_text()
+            )
+            for task, summary in {**report["task"], "overall": report["overall"]}.items():
+                row = {"temperature": temperature, "setting": name, "task": task}
+                row["acceptance_length"] = summary["acceptance_length"]
+                row["tokens_per_s"] = 1000 / summary["ms_per_token_speculative"]
+                row |= {k: v for k, v in summary.items() if k.startswith("speedup_vs_")}
+                rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--head", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--target", default=TargetConfig.name)
+    parser.add_argument("--tasks", nargs="+", default=["mt_bench", "humaneval", "gsm8k"])
+    parser.add_argument("--prompts-per-task", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--mode", default="chain", choices=["chain", "tree"])
+    parser.add_argument("--settings", nargs="+", default=["static:4"], help="policy:K, e.g. static:4")
+    parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
+    args = parser.parse_args(argv)
+    target = Target.load(TargetConfig(name=args.target, device="auto"))
+    base = EvalConfig(
+        tasks=args.tasks,
+        prompts_per_task=args.prompts_per_task,
+        max_new_tokens=args.max_new_tokens,
+        mode=args.mode,
+    )
+    settings = [parse_setting(s) for s in args.settings]
+    rows = run_bench(target, args.head, args.out, base, settings, args.temperatures)
+    (args.out / "bench.json").write_text(json.dumps(rows, indent=2))
+    print(table(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
