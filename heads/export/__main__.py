@@ -1,0 +1,96 @@
+"""Command line for export and import.
+
+    python -m heads.export --head <dir> --target <name> --format sglang --out <dir> [--report <report.json>] [--force]
+    python -m heads.export import --format speculators --path <dir> --target <name> --out <our head dir> [--kind eagle3]
+
+--target is what target.name takes in the job (embedded name, model dir, hub id or .gguf).
+"""
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from heads.export.formats import layout_for
+from heads.export.importer import import_to_head_dir
+from heads.export.job import drafter_meta, export_head, gate
+from heads.export.layouts import TargetWeights
+from heads.registry import load_head, read_head_config
+from heads.target import Target, TargetConfig
+from train.config import EvalConfig, ExportConfig
+
+
+def _export_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m heads.export", description="Export a trained head, validated."
+    )
+    parser.add_argument(
+        "--head", required=True, type=Path, help="our head directory (head_config.json + model.safetensors)"
+    )
+    parser.add_argument("--target", required=True, help="the target, as target.name in the job config")
+    parser.add_argument(
+        "--format",
+        required=True,
+        help="sglang | vllm | speculators (EAGLE-3); vllm (EAGLE-1, Medusa); medusa",
+    )
+    parser.add_argument("--out", required=True, type=Path, help="the export directory to write")
+    parser.add_argument(
+        "--report", type=Path, help="the eval report.json whose acceptance length gates the export"
+    )
+    parser.add_argument("--min-acceptance-length", type=float, default=ExportConfig.min_acceptance_length)
+    parser.add_argument(
+        "--draft-length", type=int, default=EvalConfig.draft_length, help="K used at eval, recorded"
+    )
+    parser.add_argument("--force", action="store_true", help="export even when the gate refuses (recorded)")
+    return parser
+
+
+def _import_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m heads.export import", description="Import an engine-format drafter."
+    )
+    parser.add_argument("--format", required=True, help="sglang | vllm | speculators | medusa")
+    parser.add_argument(
+        "--path", required=True, type=Path, help="the drafter directory (config.json + weights)"
+    )
+    parser.add_argument("--target", required=True, help="the target, as target.name in the job config")
+    parser.add_argument("--out", required=True, type=Path, help="our head directory to write")
+    parser.add_argument("--kind", help="eagle3 | eagle1 | medusa, when the config does not say")
+    return parser
+
+
+def export_main(argv: list[str]) -> Path:
+    args = _export_parser().parse_args(argv)
+    layout = layout_for(read_head_config(args.head)["kind"], args.format)
+    verdict = gate(args.report, args.min_acceptance_length, args.force)
+    target = Target.load(TargetConfig(name=args.target))
+    weights = TargetWeights.from_target(target).cpu()
+    head = load_head(
+        args.head,
+        embed_weight=weights.embed_weight,
+        lm_head_weight=weights.lm_head_weight,
+        target_config=target.config,
+    )
+    meta = drafter_meta(args.target, target, args.draft_length, args.min_acceptance_length, verdict)
+    return export_head(head, layout, args.out, meta, weights, args.head)
+
+
+def import_main(argv: list[str]) -> Path:
+    args = _import_parser().parse_args(argv)
+    target = TargetWeights.from_target(Target.load(TargetConfig(name=args.target)))
+    return import_to_head_dir(args.path, args.format, target, args.out, args.kind)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if argv[:1] == ["import"]:
+        return import_main(argv[1:])
+    return export_main(argv)
+
+
+if __name__ == "__main__":
+    try:
+        print(main())
+    except ValueError as error:
+        sys.exit(f"error: {error}")

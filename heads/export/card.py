@@ -1,0 +1,118 @@
+"""What an export records about the drafter: the "drafter" config section and the README.
+
+Engines ignore unknown config keys (transformers keeps them as attributes, speculators'
+pydantic config allows extras), so everything we know goes under one nested "drafter" key:
+a top-level key would be at risk, e.g. vLLM's MedusaConfig renames every top-level key
+containing "num" and "heads" to num_heads. The README says the same for humans.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+# Embedded targets as an engine loads them (heads/target.py names them by package).
+ENGINE_TARGET_NAMES = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+@dataclass
+class DrafterMeta:
+    target_name: str  # as the job named the target
+    target_architectures: list[str]
+    tokenizer_hash: str  # heads.target.tokenizer_hash
+    draft_length: int  # K, the draft length the eval used
+    acceptance_length: float | None  # the eval report's overall AL (bonus token included)
+    task_acceptance_length: dict[str, float] = field(default_factory=dict)
+    min_acceptance_length: float | None = None  # the gate
+    forced: bool = False  # exported although the gate refused (export.force=true)
+    confidence: dict[str, Any] | None = None  # set by heads/export/confidence.py
+
+    @property
+    def serving_target(self) -> str:
+        """The name a serving engine loads the target by."""
+        return ENGINE_TARGET_NAMES.get(self.target_name, self.target_name)
+
+
+def draft_vocab_size(head: nn.Module) -> int:
+    args = head.args
+    return args.draft_vocab_size if head.kind == "eagle3" else args.vocab_size
+
+
+def drafter_section(
+    head: nn.Module, meta: DrafterMeta, layout_name: str, engine_layer_ids: list[int] | None
+) -> dict[str, Any]:
+    """The "drafter" key of an exported config.json."""
+    target = {
+        "name": meta.target_name,
+        "serving_name": meta.serving_target,
+        "architectures": meta.target_architectures,
+        "tokenizer_sha256": meta.tokenizer_hash,
+    }
+    if head.kind == "eagle3":
+        target["num_hidden_layers"] = head.args.target_num_layers
+        target["layer_ids"] = {
+            "ours_output_of_layer": list(head.args.target_layer_ids),
+            f"{layout_name}": engine_layer_ids,
+        }
+    return {
+        "head_kind": head.kind,
+        "format": layout_name,
+        "target": target,
+        "draft_vocab_size": draft_vocab_size(head),
+        "draft_length": meta.draft_length,
+        "acceptance_length": {"overall": meta.acceptance_length, "task": dict(meta.task_acceptance_length)},
+        "gate": {"min_acceptance_length": meta.min_acceptance_length, "forced": meta.forced},
+        "confidence": meta.confidence,
+    }
+
+
+def _al(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.3f}"
+
+
+def model_card(config: dict[str, Any], engine: str, serve_hint: str, out_dir: str) -> str:
+    """README.md of an export directory, from its config's "drafter" section."""
+    drafter = config["drafter"]
+    target = drafter["target"]
+    k = drafter["draft_length"]
+    al = drafter["acceptance_length"]
+    gate = drafter["gate"]
+    lines = [
+        f"# {drafter['head_kind'].upper()} drafter for {target['name']} ({drafter['format']} layout)",
+        "",
+        f"Loaded by: {engine}.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| target | `{target['name']}` (serve it as `{target['serving_name']}`) |",
+        f"| tokenizer sha256 | `{target['tokenizer_sha256']}` |",
+        f"| draft vocab size | {drafter['draft_vocab_size']} |",
+        f"| draft length K used at eval | {drafter['draft_length']} |",
+        f"| acceptance length, overall (bonus token included) | {_al(al['overall'])} |",
+    ]
+    lines += [f"| acceptance length, {task} | {_al(value)} |" for task, value in sorted(al["task"].items())]
+    if "layer_ids" in target:
+        ids = target["layer_ids"]
+        lines.append(
+            f"| target layer ids | ours (output of layer i) {ids['ours_output_of_layer']}; "
+            f"as written for {drafter['format']}: {ids[drafter['format']]} |"
+        )
+    gate_text = f"min acceptance length {gate['min_acceptance_length']}"
+    lines.append(f"| export gate | {gate_text}; forced past it: {'YES' if gate['forced'] else 'no'} |")
+    if drafter["confidence"]:
+        conf = drafter["confidence"]
+        lines.append(f"| confidence head | `{conf['weights']}` + `{conf['config']}` (engines ignore them) |")
+    lines += [
+        "",
+        "Serve:",
+        "",
+        "```",
+        serve_hint.format(dir=out_dir, target=target["serving_name"], k=k, k1=k + 1),
+        "```",
+        "",
+        "The weights were reloaded from this directory with the engine's published layout and",
+        "gave the same logits as the trained head before the export was kept.",
+    ]
+    if gate["forced"]:
+        lines += ["", "WARNING: exported with export.force=true although the eval gate refused it."]
+    return "\n".join(lines) + "\n"

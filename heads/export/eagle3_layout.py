@@ -1,0 +1,171 @@
+"""The EAGLE-3 weight table shared by the SGLang, vLLM and speculators layouts.
+
+All three engines read one Llama decoder layer whose q/k/v take [embedding; feature] (2h),
+plus `fc` [h, 3 * target_h], `norm`, `lm_head` [draft_V, h] and the draft-vocab map
+(`d2t`: target_id = d + d2t[d]; `t2d`: bool over the target vocab). They differ in the
+layer's prefix (`midlayer.` or `layers.0.`), in whether the map and a copy of the target's
+embedding are stored, and in how the config names things (their modules say).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from heads.blocks import LayerGeometry
+from heads.draft_vocab import DraftVocab
+from heads.eagle3 import Eagle3Args, Eagle3Head, default_layer_ids
+from heads.export.layer_ids import from_engine_layer_ids
+from heads.export.layouts import TargetWeights, TensorSpec, check_matches_target, require_value
+from heads.registry import load_trained_state, trained_state
+
+OUR_LAYER_PREFIX = "midlayer."
+
+
+@dataclass(frozen=True)
+class Eagle3Fields:
+    """An EAGLE-3 drafter as an engine config describes it."""
+
+    geometry: LayerGeometry
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: list[int] | None  # in the engine's convention; None = the engine default
+
+
+def eagle3_specs(
+    fields: Eagle3Fields, layer_prefix: str, vocab_map: bool, map_optional: tuple[str, ...] = ()
+) -> dict[str, TensorSpec]:
+    """name -> shape/dtype, as SGLang 0.5.23 / vLLM 0.33 `llama_eagle3.py` and speculators 0.9.0
+    `Eagle3DraftModel` allocate them. All three load `embed_tokens.weight` [V, h] when present
+    (a copy of the target's); `map_optional`: the d2t/t2d an engine does without."""
+    g = fields.geometry
+    hidden, inner, p = g.hidden_size, g.intermediate_size, layer_prefix
+    q_out, kv_out = g.num_attention_heads * g.head_dim, g.num_key_value_heads * g.head_dim
+    specs = {
+        "fc.weight": TensorSpec((hidden, 3 * fields.target_hidden_size)),
+        f"{p}self_attn.q_proj.weight": TensorSpec((q_out, 2 * hidden)),
+        f"{p}self_attn.k_proj.weight": TensorSpec((kv_out, 2 * hidden)),
+        f"{p}self_attn.v_proj.weight": TensorSpec((kv_out, 2 * hidden)),
+        f"{p}self_attn.o_proj.weight": TensorSpec((hidden, q_out)),
+        f"{p}mlp.gate_proj.weight": TensorSpec((inner, hidden)),
+        f"{p}mlp.up_proj.weight": TensorSpec((inner, hidden)),
+        f"{p}mlp.down_proj.weight": TensorSpec((hidden, inner)),
+        f"{p}input_layernorm.weight": TensorSpec((hidden,)),
+        f"{p}hidden_norm.weight": TensorSpec((hidden,)),
+        f"{p}post_attention_layernorm.weight": TensorSpec((hidden,)),
+        "norm.weight": TensorSpec((hidden,)),
+        "lm_head.weight": TensorSpec((fields.draft_vocab_size, hidden)),
+    }
+    if vocab_map:
+        specs["d2t"] = TensorSpec((fields.draft_vocab_size,), torch.int64, optional="d2t" in map_optional)
+        specs["t2d"] = TensorSpec((fields.vocab_size,), torch.bool, optional="t2d" in map_optional)
+    specs["embed_tokens.weight"] = TensorSpec((fields.vocab_size, hidden), optional=True)
+    return specs
+
+
+def eagle3_tensors(
+    head: Eagle3Head, layer_prefix: str, vocab_map: bool, target: TargetWeights | None
+) -> dict[str, torch.Tensor]:
+    """The head's trained tensors under an engine's names; `target` given = add its embedding."""
+    tensors = {}
+    for name, tensor in trained_state(head, Eagle3Head.frozen_weights).items():
+        if name in ("d2t", "t2d") and not vocab_map:
+            continue
+        tensors[
+            layer_prefix + name.removeprefix(OUR_LAYER_PREFIX) if name.startswith(OUR_LAYER_PREFIX) else name
+        ] = tensor
+    if target is not None:
+        tensors["embed_tokens.weight"] = target.embed_weight.detach().to(head.fc.weight.dtype)
+    return tensors
+
+
+def _draft_vocab(tensors: dict[str, torch.Tensor], fields: Eagle3Fields, where: str) -> DraftVocab:
+    """The map from d2t (t2d, when stored, must agree); none stored = the full vocabulary."""
+    if "d2t" not in tensors:
+        if fields.draft_vocab_size != fields.vocab_size:
+            raise ValueError(
+                f"{where}: missing key 'd2t' for a draft vocab of {fields.draft_vocab_size} < {fields.vocab_size}"
+            )
+        return DraftVocab.full(fields.vocab_size)
+    token_ids = torch.arange(fields.draft_vocab_size) + tensors["d2t"]
+    if (
+        token_ids.min() < 0
+        or token_ids.max() >= fields.vocab_size
+        or not bool((token_ids[1:] > token_ids[:-1]).all())
+    ):
+        raise ValueError(
+            f"{where}: key 'd2t' does not map draft ids to strictly increasing target ids in [0, {fields.vocab_size})"
+        )
+    vocab = DraftVocab(
+        d2t=tensors["d2t"], t2d=torch.zeros(fields.vocab_size, dtype=torch.bool), token_coverage=float("nan")
+    )
+    vocab.t2d[token_ids] = True
+    if "t2d" in tensors and not torch.equal(tensors["t2d"], vocab.t2d):
+        raise ValueError(
+            f"{where}: key 't2d' disagrees with 'd2t' (t2d must mark exactly the target ids d + d2t[d])"
+        )
+    return vocab
+
+
+def eagle3_load(
+    fields: Eagle3Fields,
+    tensors: dict[str, torch.Tensor],
+    target: TargetWeights,
+    engine: str,
+    layer_prefix: str,
+    float_dtype: torch.dtype,
+    where: str,
+) -> Eagle3Head:
+    """Our head from checked tensors; the layer ids are converted from `engine`'s convention."""
+    if fields.target_hidden_size != fields.geometry.hidden_size:
+        raise ValueError(
+            f"{where}: target_hidden_size={fields.target_hidden_size} differs from hidden_size="
+            f"{fields.geometry.hidden_size}; our EAGLE-3 head needs the draft layer as wide as the target"
+        )
+    num_layers = target.config.num_hidden_layers
+    layer_ids = (
+        default_layer_ids(num_layers)
+        if fields.aux_layer_ids is None
+        else from_engine_layer_ids(fields.aux_layer_ids, engine, num_layers)
+    )
+    args = Eagle3Args(
+        layer=fields.geometry,
+        vocab_size=fields.vocab_size,
+        draft_vocab_size=fields.draft_vocab_size,
+        target_layer_ids=layer_ids,
+        target_num_layers=num_layers,
+    )
+    args.check_fits(target.config)
+    if "embed_tokens.weight" in tensors:
+        check_matches_target(
+            tensors["embed_tokens.weight"], target.embed_weight, "embed_tokens.weight", where
+        )
+    head = Eagle3Head(args, target.embed_weight, _draft_vocab(tensors, fields, where)).to(float_dtype)
+    ours = {
+        OUR_LAYER_PREFIX + name.removeprefix(layer_prefix) if name.startswith(layer_prefix) else name: tensor
+        for name, tensor in tensors.items()
+        if name != "embed_tokens.weight"
+    }
+    ours.setdefault("d2t", head.d2t)
+    ours.setdefault("t2d", head.t2d)
+    load_trained_state(head, ours, Eagle3Head.frozen_weights, where)
+    return head.eval()
+
+
+# Config switches the engines know and our head does not have: off or absent, or we refuse.
+UNSUPPORTED_SWITCHES = ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output", "bias")
+
+
+def check_eagle3_switches(config: dict, where: str) -> None:
+    for key in UNSUPPORTED_SWITCHES:
+        require_value(config, key, (False, None), where)
+    require_value(config, "num_aux_hidden_states", (3, None), where)
+
+
+def aux_layer_ids(ids, key: str, where: str) -> list[int] | None:
+    """Three layer ids, or None when the config leaves the choice to the engine."""
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or len(ids) != 3 or not all(isinstance(i, int) for i in ids):
+        raise ValueError(f"{where}: config key {key!r} = {ids!r} must list 3 layer ids")
+    return ids

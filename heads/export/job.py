@@ -1,0 +1,146 @@
+"""The export stage: the eval gate, then one validated directory per requested format.
+
+An export is written to `<out>.tmp`, validated there (validate.py) and only then renamed
+over `<out>`, so a directory under <run_dir>/export/ is always one that passed.
+"""
+
+import json
+import logging
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+from safetensors.torch import save_file
+from torch import nn
+
+from heads.export.card import DrafterMeta, model_card
+from heads.export.confidence import copy_confidence
+from heads.export.formats import layout_for
+from heads.export.layouts import Layout, TargetWeights
+from heads.export.validate import validate_export
+from heads.registry import load_head, read_head_config
+
+log = logging.getLogger(__name__)
+
+
+def read_eval_report(path: Path) -> tuple[float, dict[str, float]] | None:
+    """(overall AL, AL per task) from eval/report.json; None when there is no report."""
+    if not path.is_file():
+        return None
+    report = json.loads(path.read_text())
+    try:
+        overall = float(report["overall"]["acceptance_length"])
+        per_task = {
+            task: float(summary["acceptance_length"]) for task, summary in report.get("task", {}).items()
+        }
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(
+            f"{path}: needs overall.acceptance_length and task.<name>.acceptance_length ({error!r})"
+        ) from error
+    return overall, per_task
+
+
+def gate(
+    report_path: Path | None, min_acceptance_length: float, force: bool
+) -> tuple[float | None, dict[str, float], bool]:
+    """(overall AL, AL per task, forced): refuses unless the eval passed or force is set."""
+    evaluation = read_eval_report(report_path) if report_path is not None else None
+    if evaluation is None:
+        reason = f"no eval report ({report_path or 'none given'}; run the eval stage first)"
+        overall, per_task = None, {}
+    else:
+        overall, per_task = evaluation
+        if overall >= min_acceptance_length:
+            return overall, per_task, False
+        reason = f"overall acceptance length {overall:.3f} in {report_path} is below export.min_acceptance_length={min_acceptance_length}"
+    if not force:
+        raise ValueError(f"export refused: {reason}; set export.force=true to export anyway (it is recorded)")
+    log.warning("export forced although %s", reason)
+    return overall, per_task, True
+
+
+def drafter_meta(
+    target_name: str,
+    target,
+    draft_length: int,
+    min_acceptance_length: float,
+    gate_result: tuple[float | None, dict[str, float], bool],
+) -> DrafterMeta:
+    """What the export records, from heads.target.Target and the gate's verdict."""
+    overall, per_task, forced = gate_result
+    return DrafterMeta(
+        target_name=target_name,
+        target_architectures=list(getattr(target.config, "architectures", None) or []),
+        tokenizer_hash=target.tokenizer_hash,
+        draft_length=draft_length,
+        acceptance_length=overall,
+        task_acceptance_length=per_task,
+        min_acceptance_length=min_acceptance_length,
+        forced=forced,
+    )
+
+
+def _write(
+    tmp: Path, out_dir: Path, layout: Layout, head: nn.Module, meta: DrafterMeta, target: TargetWeights
+) -> None:
+    config = layout.config(head, meta)
+    tensors = {name: t.detach().contiguous() for name, t in layout.tensors(head, target).items()}
+    save_file(tensors, str(tmp / layout.weights_file), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (tmp / "README.md").write_text(model_card(config, layout.engine, layout.serve_hint, str(out_dir)))
+
+
+def export_head(
+    head: nn.Module,
+    layout: Layout,
+    out_dir: str | Path,
+    meta: DrafterMeta,
+    target: TargetWeights,
+    head_dir: str | Path | None = None,
+) -> Path:
+    """Write `head` in `layout` to out_dir, validated; head_dir's confidence files go along."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        confidence = copy_confidence(Path(head_dir), tmp) if head_dir is not None else None
+        _write(tmp, out_dir, layout, head, replace(meta, confidence=confidence), target)
+        validate_export(tmp, layout, head, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    log.info("exported %s head in the %s layout to %s (validated)", head.kind, layout.name, out_dir)
+    return out_dir
+
+
+def export_job(job, target, head_dir: str | Path) -> list[Path]:
+    """The job's export stage: <run_dir>/export/<format>/ for each of job.export.formats.
+
+    job: train.config.JobConfig; target: heads.target.Target.
+    """
+    head_dir = Path(head_dir)
+    kind = read_head_config(head_dir)["kind"]
+    layouts = [layout_for(kind, name) for name in job.export.formats]  # every name checked before any write
+    report_path = Path(job.run_dir) / "eval" / "report.json"
+    overall, per_task, forced = gate(report_path, job.export.min_acceptance_length, job.export.force)
+    weights = TargetWeights.from_target(target).cpu()
+    head = load_head(
+        head_dir,
+        embed_weight=weights.embed_weight,
+        lm_head_weight=weights.lm_head_weight,
+        target_config=target.config,
+    )
+    meta = drafter_meta(
+        job.target.name,
+        target,
+        job.eval.draft_length,
+        job.export.min_acceptance_length,
+        (overall, per_task, forced),
+    )
+    return [
+        export_head(head, layout, Path(job.run_dir) / "export" / layout.name, meta, weights, head_dir)
+        for layout in layouts
+    ]

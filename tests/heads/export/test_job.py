@@ -1,0 +1,172 @@
+"""The export stage: the eval gate, export_job's directories, the confidence files, the CLI."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from heads.export import export_head, export_job, layout_for
+from heads.export.__main__ import main
+from heads.export.confidence import CONFIDENCE_CONFIG, CONFIDENCE_WEIGHTS
+from heads.export.layouts import TargetWeights, same_bytes
+from heads.export.validate import validate_export
+from heads.registry import load_head, trained_state
+from heads.target import Target, TargetConfig
+from tests.heads.export.export_fixtures import make_head, meta, target_weights
+from tests.helpers import tiny_llama, tiny_tokenizer
+from train.config import EvalConfig, ExportConfig, JobConfig
+
+
+@pytest.fixture
+def target():
+    return Target.from_pretrained_model(
+        tiny_llama(num_layers=4, vocab_size=128, hidden_size=32), tiny_tokenizer(128)
+    )
+
+
+def _job(run_dir, **export):
+    return JobConfig(
+        target=TargetConfig(name="tiny-llama"),
+        export=ExportConfig(**export),
+        eval=EvalConfig(draft_length=3),
+        run_dir=str(run_dir),
+    )
+
+
+def _write_report(run_dir, overall, tasks=None):
+    path = run_dir / "eval" / "report.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tasks = tasks or {"mt_bench": overall - 0.1, "gsm8k": overall + 0.1}
+    report = {
+        "overall": {"acceptance_length": overall},
+        "task": {t: {"acceptance_length": al} for t, al in tasks.items()},
+    }
+    path.write_text(json.dumps(report))
+
+
+def _head_dir(run_dir, target, kind="eagle3"):
+    head = make_head(kind, TargetWeights.from_target(target), medusa_layers=1)
+    head.save_pretrained(run_dir / "head")
+    return run_dir / "head", head
+
+
+def test_export_job_writes_each_format_validated(tmp_path, target):
+    head_dir, head = _head_dir(tmp_path, target)
+    _write_report(tmp_path, overall=2.0)
+    paths = export_job(_job(tmp_path), target, head_dir)
+    assert paths == [tmp_path / "export" / name for name in ("sglang", "vllm", "speculators")]
+    weights = TargetWeights.from_target(target)
+    for path in paths:
+        validate_export(path, layout_for("eagle3", path.name), head, weights)
+        drafter = json.loads((path / "config.json").read_text())["drafter"]
+        assert drafter["acceptance_length"] == {"overall": 2.0, "task": {"mt_bench": 1.9, "gsm8k": 2.1}}
+        assert drafter["draft_length"] == 3
+        assert drafter["target"]["tokenizer_sha256"] == target.tokenizer_hash
+        assert drafter["gate"]["forced"] is False
+    assert not list((tmp_path / "export").glob("*.tmp"))
+
+
+def test_the_gate_refuses_without_a_report(tmp_path, target):
+    head_dir, _ = _head_dir(tmp_path, target)
+    with pytest.raises(ValueError, match="no eval report"):
+        export_job(_job(tmp_path), target, head_dir)
+    assert not (tmp_path / "export").exists()
+
+
+def test_the_gate_refuses_a_low_acceptance_length(tmp_path, target):
+    head_dir, _ = _head_dir(tmp_path, target)
+    _write_report(tmp_path, overall=1.1)
+    with pytest.raises(ValueError, match=r"1\.100 .* below export\.min_acceptance_length=1\.2"):
+        export_job(_job(tmp_path), target, head_dir)
+
+
+def test_force_exports_and_says_so(tmp_path, target):
+    head_dir, _ = _head_dir(tmp_path, target)
+    _write_report(tmp_path, overall=1.1)
+    (path,) = export_job(_job(tmp_path, formats=["vllm"], force=True), target, head_dir)
+    config = json.loads((path / "config.json").read_text())
+    assert config["drafter"]["gate"] == {"min_acceptance_length": 1.2, "forced": True}
+    assert "WARNING: exported with export.force=true" in (path / "README.md").read_text()
+
+
+def test_force_passing_the_gate_is_not_recorded_as_forced(tmp_path, target):
+    head_dir, _ = _head_dir(tmp_path, target)
+    _write_report(tmp_path, overall=3.0)
+    (path,) = export_job(_job(tmp_path, formats=["sglang"], force=True), target, head_dir)
+    assert json.loads((path / "config.json").read_text())["drafter"]["gate"]["forced"] is False
+
+
+def test_a_format_the_head_has_not_is_refused_before_anything_is_written(tmp_path, target):
+    head_dir, _ = _head_dir(tmp_path, target, kind="eagle1")
+    _write_report(tmp_path, overall=2.0)
+    with pytest.raises(ValueError, match="'sglang' does not exist for a 'eagle1' head"):
+        export_job(_job(tmp_path, formats=["vllm", "sglang"]), target, head_dir)
+    assert not (tmp_path / "export").exists()
+
+
+def _confidence_stand_in(directory):
+    save_file({"weight": torch.randn(1, 129)}, str(directory / CONFIDENCE_WEIGHTS))
+    (directory / CONFIDENCE_CONFIG).write_text(json.dumps({"kind": "confidence", "hidden_size": 64}))
+
+
+def test_confidence_files_travel_with_every_export(tmp_path, target):
+    head_dir, _ = _head_dir(tmp_path, target)
+    _confidence_stand_in(head_dir)
+    _write_report(tmp_path, overall=2.0)
+    for path in export_job(_job(tmp_path), target, head_dir):
+        for name in (CONFIDENCE_WEIGHTS, CONFIDENCE_CONFIG):
+            assert (path / name).read_bytes() == (head_dir / name).read_bytes()
+        record = json.loads((path / "config.json").read_text())["drafter"]["confidence"]
+        assert set(record["sha256"]) == {CONFIDENCE_WEIGHTS, CONFIDENCE_CONFIG}
+
+
+def test_a_tampered_or_half_confidence_head_is_caught(tmp_path):
+    weights = target_weights()
+    head = make_head("eagle3", weights)
+    head_dir = tmp_path / "head"
+    head_dir.mkdir()
+    (head_dir / CONFIDENCE_CONFIG).write_text("{}")
+    with pytest.raises(ValueError, match=CONFIDENCE_WEIGHTS):
+        export_head(head, layout_for("eagle3", "vllm"), tmp_path / "out", meta(), weights, head_dir)
+    _confidence_stand_in(head_dir)
+    out = export_head(head, layout_for("eagle3", "vllm"), tmp_path / "out", meta(), weights, head_dir)
+    save_file({"weight": torch.zeros(1, 129)}, str(out / CONFIDENCE_WEIGHTS))
+    with pytest.raises(ValueError, match="not the confidence file that was exported"):
+        validate_export(out, layout_for("eagle3", "vllm"), head, weights)
+
+
+def test_cli_exports_and_imports(tmp_path):
+    model, tokenizer = tiny_llama(num_layers=4, vocab_size=128, hidden_size=32), tiny_tokenizer(128)
+    target_dir = tmp_path / "target"
+    model.save_pretrained(target_dir)
+    tokenizer.save_pretrained(target_dir)
+    weights = TargetWeights.from_model(model)
+    head = make_head("eagle3", weights)
+    head.save_pretrained(tmp_path / "head")
+    _write_report(tmp_path, overall=2.0)
+    common = ["--target", str(target_dir), "--format", "speculators"]
+    with pytest.raises(ValueError, match="no eval report"):
+        main(["--head", str(tmp_path / "head"), *common, "--out", str(tmp_path / "spec")])
+
+    out = main(
+        [
+            "--head",
+            str(tmp_path / "head"),
+            *common,
+            "--out",
+            str(tmp_path / "spec"),
+            "--report",
+            str(tmp_path / "eval" / "report.json"),
+        ]
+    )
+    assert json.loads((out / "config.json").read_text())["drafter"]["acceptance_length"]["overall"] == 2.0
+
+    ours = main(["import", "--path", str(out), *common, "--out", str(tmp_path / "imported")])
+    imported = load_head(ours, embed_weight=weights.embed_weight)
+    original, reread = (
+        trained_state(head, head.frozen_weights),
+        trained_state(imported, imported.frozen_weights),
+    )
+    assert all(same_bytes(original[name], reread[name]) for name in original)
+    assert load_file(str(ours / "model.safetensors")).keys() == original.keys()
