@@ -6,15 +6,19 @@ One round (EAGLE-kind drafter):
      t + 1, at RoPE position t), overwriting what drafting wrote there; its last output is
      the first draft distribution. After the prefill this is the whole prompt.
   2. drafting: more single-token steps on the drafter's own hidden state (chain, length
-     chosen by a policy), or the expansions of a dynamic tree (EAGLE-2).
+     chosen by a policy), or the expansions of a dynamic tree (EAGLE-2). With a confidence
+     head (heads/confidence.py) each draft also gets its c_k: policies stop on it, trees
+     rank nodes by survival, and chain rounds record it (eval/calibration.py).
   3. one target forward over [last committed token, drafts]: a causal mask for a chain,
      the tree mask with depths as positions for a tree.
   4. verification (eval/verify.py), then ONE device read per round: the accept length
      and the new tokens (control flow needs them; everything else stays on the device).
   5. commit without recomputation: a chain's accepted K/V are already in place and the
-     next round writes after them; a tree's accepted path is moved into place with
-     `KVCache.compact`. The drafter's cache needs nothing: step 1 of the next round
-     overwrites its draft-time entries with ones computed from the target's features.
+     next round writes after them; a tree's accepted path is moved into place, every
+     layer at once, by the "kv_compact" kernel op. The drafter's cache needs nothing:
+     step 1 of the next round overwrites its draft-time entries with ones computed from
+     the target's features. Tree metadata and verification are kernel ops too
+     (kernels/registry.py: Triton on CUDA, the torch references elsewhere).
 Medusa drafters draft a static tree from the target's last final hidden state instead.
 
 Invariant: `committed` tokens (prompt + generated); the target cache holds the first
@@ -25,14 +29,14 @@ Counters follow SPEC.md section 3 (see eval/metrics.py for what EOS does to them
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
 
 from eval.metrics import DecodeMetrics, SpecCounters
-from eval.policies import MAX_DRAFT_LEN, DraftLengthPolicy, DraftStep
+from eval.policies import MAX_DRAFT_LEN, DraftLengthPolicy, DraftStep, child_log_survival
 from eval.target_forward import CachedTarget, TargetStep
 from eval.tree import (
     DEFAULT_MEDUSA_PATHS,
@@ -48,15 +52,15 @@ from eval.tree import (
 )
 from eval.verify import (
     SamplingParams,
-    Verdict,
     process_logits,
     sample,
     verify_chain_greedy,
     verify_chain_sampling,
-    verify_tree_greedy,
-    verify_tree_sampling,
+    verify_tree,
 )
+from heads.confidence import ConfidenceHead
 from heads.kv_cache import KVCache
+from kernels.registry import kernel
 
 MAX_TREE_NODES = 1024  # a larger verification forward costs more than any acceptance gain
 GREEDY = SamplingParams()
@@ -124,11 +128,17 @@ class TreeDrafting:
     Sampling keeps the first `budget` nodes in construction order instead: dropping a
     child because of its own draft probability would bias the output (verification is
     exact only when each node's children are a prefix of a without-replacement draw).
+
+    by_confidence (needs the decoder's confidence head): expand and keep the nodes of highest
+    survival (eval/policies.py `child_log_survival`) instead of draft log-prob, greedy and
+    sampling alike: in sampling its scores depend on sibling ranks only, so pruning by them
+    keeps every node's children a prefix of their draw.
     """
 
     depth: int = 5
     top_k: int = 8
     budget: int = 60
+    by_confidence: bool = False
 
     @property
     def max_depth(self) -> int:
@@ -182,11 +192,34 @@ class MedusaTreeDrafting:
 Drafting = ChainDrafting | TreeDrafting | MedusaTreeDrafting
 
 
+def _check_confidence(drafting: Drafting, confidence: ConfidenceHead | None) -> None:
+    """Refuse a drafting that needs a confidence head without one, and one given to Medusa."""
+    needs = (isinstance(drafting, ChainDrafting) and drafting.policy.needs_confidence) or (
+        isinstance(drafting, TreeDrafting) and drafting.by_confidence
+    )
+    if needs and confidence is None:
+        raise ValueError(
+            f"drafting={drafting!r} ranks drafts by confidence: pass the decoder confidence=<ConfidenceHead>"
+        )
+    if confidence is not None and isinstance(drafting, MedusaTreeDrafting):
+        raise ValueError("the static Medusa tree does not use a confidence head: leave confidence=None")
+
+
+@dataclass
+class ConfidenceRecord:
+    """One chain round seen by a confidence head (eval/calibration.py reads these)."""
+
+    logits: torch.Tensor  # [k] uncalibrated confidence logits of the round's drafts, on the device
+    accepted: int  # drafts verification accepted (before any EOS cut)
+
+
 @dataclass
 class Generation:
     tokens: list[int]  # new tokens, prompt excluded; ends with EOS when stopped by it
     metrics: DecodeMetrics
     stopped_by_eos: bool
+    # With a confidence head: one record per chain round that drafted.
+    confidence: list[ConfidenceRecord] = field(default_factory=list)
 
 
 @dataclass
@@ -203,6 +236,7 @@ class _Round:
     accepted: int
     proposed: int
     proposed_positions: int | torch.Tensor  # see SpecCounters.record_round
+    confidence_logits: torch.Tensor | None = None  # [k] chain drafts' uncalibrated confidence logits
 
 
 def _as_prompt(prompt_ids: torch.Tensor | Sequence[int], device: torch.device) -> torch.Tensor:
@@ -330,9 +364,14 @@ class SpeculativeDecoder:
         max_len: int,
         eos_token_id: int | Sequence[int] | None = None,
         kv_bucket: int = 128,
+        confidence: ConfidenceHead | None = None,
     ):
         """drafting picks the drafter kind: Chain/TreeDrafting for EAGLE heads,
-        MedusaTreeDrafting for Medusa heads. Caches are allocated here, once."""
+        MedusaTreeDrafting for Medusa heads. Caches are allocated here, once.
+        confidence: the drafter's confidence head (on the target's device), for the policies
+        and trees that need one; with it every chain round records its drafts' confidences."""
+        _check_confidence(drafting, confidence)
+        self.confidence = confidence
         rounds = {
             ChainDrafting: (self._chain_round, self._eagle_features),
             TreeDrafting: (self._tree_round, self._eagle_features),
@@ -396,6 +435,8 @@ class SpeculativeDecoder:
     ) -> Generation:
         prompt = self.plain.check_request(prompt_ids, max_new_tokens)
         counters = SpecCounters(self.num_positions, self.device)
+        if isinstance(self.drafting, ChainDrafting):
+            self.drafting.policy.start_request()
         out = self.plain.forward(prompt, 0, layer_ids=self.layer_ids, num_logits=1)
         first = self.plain.choose(out.logits[:, -1], sampling, generator)  # [1]
         state = _State(
@@ -405,12 +446,15 @@ class SpeculativeDecoder:
             pending_features=self._features(out.hidden_states, out.final_hidden),
         )
         tokens = [int(first)]
+        confidence: list[ConfidenceRecord] = []
         while len(tokens) < max_new_tokens and tokens[-1] not in self.plain.eos:
             result = self._round(state, max_new_tokens - len(tokens), sampling, generator)
             new_tokens, accepted = _cut_at_eos(result.new_tokens, result.accepted, self.plain.eos)
             counters.record_round(result.proposed, accepted, len(new_tokens), result.proposed_positions)
             tokens += new_tokens
-        return Generation(tokens, counters.finish(), tokens[-1] in self.plain.eos)
+            if result.confidence_logits is not None:
+                confidence.append(ConfidenceRecord(result.confidence_logits, result.accepted))
+        return Generation(tokens, counters.finish(), tokens[-1] in self.plain.eos, confidence)
 
     # --- features the next round drafts from -------------------------------------------
 
@@ -465,6 +509,7 @@ class SpeculativeDecoder:
         drafts: list[torch.Tensor] = []  # [1] target ids
         draft_probs: list[torch.Tensor] = []  # [1, draft_V]
         steps: list[DraftStep] = []
+        confidence_logits: list[torch.Tensor] = []  # [1] per draft, with a confidence head
         if max_drafts > 0:
             hidden, logits = self._catch_up(state)
             position = state.committed - 1  # RoPE position (and slot) of the next draft step
@@ -472,10 +517,13 @@ class SpeculativeDecoder:
                 probs, log_probs = self._draft_distribution(logits, sampling)
                 draft_id = log_probs.argmax(dim=-1) if probs is None else sample(probs, generator)
                 token = self.draft_token_ids[draft_id]
+                # The token the step that made `hidden` consumed: the root for the first draft.
+                consumed = drafts[-1] if drafts else state.last_token
+                confidence = self._draft_confidence(hidden[:, -1], consumed, len(steps), confidence_logits)
                 drafts.append(token)
                 draft_probs.append(probs)
                 token_prob = log_probs.gather(-1, draft_id.unsqueeze(-1)).exp()[:, 0]
-                steps.append(DraftStep(token, token_prob, hidden[:, -1]))
+                steps.append(DraftStep(token, token_prob, hidden[:, -1], confidence))
                 if len(steps) == max_drafts or not self.drafting.policy.should_continue(steps):
                     break
                 slot = self.plain.slots[position : position + 1]
@@ -486,7 +534,26 @@ class SpeculativeDecoder:
                 logits = logits[:, -1]
                 position += 1
         draft_tokens = torch.stack(drafts, dim=1) if drafts else state.pending_ids.new_zeros(1, 0)  # [1, k]
-        return self._verify_chain(state, draft_tokens, draft_probs, sampling, generator)
+        result = self._verify_chain(state, draft_tokens, draft_probs, sampling, generator)
+        if confidence_logits:
+            result.confidence_logits = torch.cat(confidence_logits)
+        self.drafting.policy.end_round(steps, result.accepted)
+        return result
+
+    def _draft_confidence(
+        self,
+        hidden: torch.Tensor,  # [1, H] the state the draft's distribution came from
+        consumed: torch.Tensor,  # [1] the token that state's step consumed
+        position: int,  # 0-based draft position (depth - 1)
+        logits_out: list[torch.Tensor],
+    ) -> torch.Tensor | None:
+        """Calibrated c of one draft ([1]; None without a confidence head); its raw logit is
+        appended to logits_out for the round's record."""
+        if self.confidence is None:
+            return None
+        logits = self.confidence(hidden, consumed)  # [1]
+        logits_out.append(logits)
+        return self.confidence.probability(logits, position)
 
     def _verify_chain(
         self,
@@ -546,7 +613,10 @@ class SpeculativeDecoder:
         base = state.committed - 1  # the catch-up filled the drafter cache up to base - 1
         tree_slots = top_k * (depth - 1)
         root_probs, root_log_probs = self._draft_distribution(root_logits, sampling)
-        tokens, scores = select_children(root_log_probs, top_k, sampled, generator)  # [1, k] each
+        tokens, log_probs = select_children(root_log_probs, top_k, sampled, generator)  # [1, k] each
+        scores = self._child_scores(
+            log_probs.new_zeros(1), log_probs, root_hidden[0], state.last_token, 0, sampled
+        )
         cand_tokens, cand_scores = [tokens[0]], [scores[0]]
         cand_parents = [torch.zeros(top_k, dtype=torch.long, device=self.device)]
         expanded_probs = [(torch.zeros(1, dtype=torch.long, device=self.device), root_probs)]
@@ -564,9 +634,10 @@ class SpeculativeDecoder:
             mask[..., :base] = True
             mask[0, 0, :, base : base + tree_slots] = ancestors
             positions = torch.full((1, n_exp), base + level - 1, device=self.device)
+            parent_tokens = self.draft_token_ids[cand_tokens[-1][expand]]  # [n_exp] target ids
             hidden, logits = self.drafter.step(
                 front_hidden[expand].unsqueeze(0),
-                self.draft_token_ids[cand_tokens[-1][expand]].unsqueeze(0),
+                parent_tokens.unsqueeze(0),
                 positions,
                 self.drafter_cache,
                 base + own_slots,
@@ -578,14 +649,17 @@ class SpeculativeDecoder:
             expanded_probs.append((expanded, probs))
             first_index += front_scores.numel()
             cand_tokens.append(child_tokens.flatten())
-            cand_scores.append((front_scores[expand].unsqueeze(1) + child_log_probs).flatten())
+            child_scores = self._child_scores(
+                front_scores[expand], child_log_probs, hidden[0], parent_tokens, level, sampled
+            )
+            cand_scores.append(child_scores.flatten())
             cand_parents.append(expanded.repeat_interleave(top_k))
             front_hidden = hidden[0].repeat_interleave(top_k, dim=0)
             front_ancestors = ancestors.repeat_interleave(top_k, dim=0)
 
         all_scores = torch.cat(cand_scores)  # [M]
         budget = min(self.drafting.budget, all_scores.numel())
-        if sampled:
+        if sampled and not self.drafting.by_confidence:
             keep = torch.arange(1, budget + 1, device=self.device)
         else:
             keep = prune_to_budget(all_scores, budget) + 1
@@ -601,6 +675,21 @@ class SpeculativeDecoder:
             node_probs[nodes] = probs
         kept_nodes = torch.cat([torch.zeros_like(keep[:1]), keep])
         return layout, tokens, self._to_target_vocab(node_probs[kept_nodes])
+
+    def _child_scores(
+        self,
+        parent_scores: torch.Tensor,  # [n] cumulative scores of the expanded nodes
+        child_log_probs: torch.Tensor,  # [n, k] draft log-probs of their children, in sibling order
+        hidden: torch.Tensor,  # [n, H] the states the children's distributions came from
+        consumed: torch.Tensor,  # [n] the expanded nodes' tokens (target ids)
+        depth: int,  # 0-based depth of the children
+        sampled: bool,
+    ) -> torch.Tensor:
+        """Children's cumulative scores [n, k]: draft log-prob (EAGLE-2) or log survival."""
+        if not self.drafting.by_confidence:
+            return parent_scores.unsqueeze(1) + child_log_probs
+        confidence = self.confidence.probability(self.confidence(hidden, consumed), depth)  # [n]
+        return parent_scores.unsqueeze(1) + child_log_survival(confidence, child_log_probs, sampled)
 
     # --- tree verification (EAGLE and Medusa) -------------------------------------------
 
@@ -618,14 +707,8 @@ class SpeculativeDecoder:
         mask = tree_attention_mask(layout, start, self.plain.kv_len(start + num_nodes))
         tree = (start + layout.depths, mask)
         out = self.plain.forward(tokens.unsqueeze(0), start, tree, layer_ids=self.layer_ids)
-        verdict: Verdict
-        if sampling.greedy:
-            verdict = verify_tree_greedy(layout, tokens.unsqueeze(0), out.logits)
-        else:
-            target_probs = process_logits(out.logits, sampling)
-            verdict = verify_tree_sampling(
-                layout, tokens.unsqueeze(0), node_probs.unsqueeze(0), target_probs, generator
-            )
+        draft_probs = None if node_probs is None else node_probs.unsqueeze(0)
+        verdict = verify_tree(layout, tokens.unsqueeze(0), out.logits, draft_probs, sampling, generator)
         path = verdict.path[0]  # [D] accepted node per depth, -1 after
         spots = torch.arange(layout.max_depth + 1, device=self.device)
         path_tokens = torch.nn.functional.pad(tokens[path.clamp_min(0)], (0, 1))  # [D + 1]
@@ -633,9 +716,12 @@ class SpeculativeDecoder:
         accepted, *new_host = torch.cat([verdict.accept_len, new_tokens]).tolist()  # the round's device read
         accepted_nodes = path[:accepted]
         if accepted:
-            # Move the accepted path's K/V from its tree slots to the sequence slots after the root.
-            for layer_cache in self.plain.cache:
-                layer_cache.compact(start + accepted_nodes, start + 1)
+            # Move the accepted path's K/V from its tree slots to the sequence slots after the root,
+            # every layer in one call: path nodes ascend and node index >= depth, so each source
+            # slot lies at or after its destination (what the kernel needs for in-place moves).
+            caches = [tensor for layer_cache in self.plain.cache for tensor in (layer_cache.k, layer_cache.v)]
+            dst_starts = torch.full((1,), start + 1, device=self.device)
+            kernel("kv_compact", self.device)(caches, start + verdict.path, verdict.accept_len, dst_starts)
         path_nodes = torch.cat([path.new_zeros(1), accepted_nodes])
         self._commit(state, out, path_nodes, new_tokens[: accepted + 1])
         depths_proposed = torch.zeros(self.num_positions, dtype=torch.bool, device=self.device)

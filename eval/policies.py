@@ -1,14 +1,23 @@
-"""When to stop drafting a chain: the draft-length policy interface and two policies.
+"""When to stop drafting a chain: the draft-length policy interface, its policies, and the
+confidence-based score of draft-tree nodes.
 
-The decoder calls `should_continue` after each drafted token with everything drafted
-so far in this round; it never drafts more than `max_draft_len` (nor more than the tokens
-left to generate). A policy that looks at values (not just the count) must read the
-device once per draft step: that is the price of a dynamic draft length.
+The decoder calls `start_request` before a request, `should_continue` after each drafted
+token with everything drafted so far in this round, and `end_round` with the number of drafts
+verification accepted; it never drafts more than `max_draft_len` (nor more than the tokens
+left to generate). A policy that looks at values (not just the count) must read the device
+once per draft step: that is the price of a dynamic draft length.
+
+Policies with `needs_confidence` read `DraftStep.confidence`, the calibrated c_k of a
+confidence head (heads/confidence.py) the decoder was given; the survival of draft j is
+a_j = Π_{i<=j} c_i, the probability that verification accepts drafts 1..j. Those policies
+also adapt per request: `RunningCorrection` shifts the confidences towards the acceptance
+this request actually gets, and `ExpectedGain` prices drafts at the request's running rate.
 """
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -20,12 +29,18 @@ class DraftStep:
     token: torch.Tensor  # [B] drafted token (target vocabulary id)
     token_prob: torch.Tensor  # [B] its draft probability (after logits processing; greedy: softmax)
     hidden: torch.Tensor  # [B, H] drafter hidden state the distribution came from
+    confidence: torch.Tensor | None = None  # [B] calibrated c_k; None when the decoder has no confidence head
 
 
 class DraftLengthPolicy(Protocol):
     max_draft_len: int
+    needs_confidence: ClassVar[bool]  # the decoder refuses it without a confidence head
+
+    def start_request(self) -> None: ...
 
     def should_continue(self, steps: Sequence[DraftStep]) -> bool: ...
+
+    def end_round(self, steps: Sequence[DraftStep], accepted: int) -> None: ...
 
 
 def check_draft_len(max_draft_len: int) -> None:
@@ -38,12 +53,19 @@ class StaticDraftLength:
     """Always K tokens (no device read)."""
 
     max_draft_len: int
+    needs_confidence: ClassVar[bool] = False
 
     def __post_init__(self):
         check_draft_len(self.max_draft_len)
 
+    def start_request(self) -> None:
+        pass
+
     def should_continue(self, steps: Sequence[DraftStep]) -> bool:
         return len(steps) < self.max_draft_len
+
+    def end_round(self, steps: Sequence[DraftStep], accepted: int) -> None:
+        pass
 
 
 @dataclass
@@ -53,14 +75,246 @@ class DraftProbabilityThreshold:
 
     max_draft_len: int
     threshold: float
+    needs_confidence: ClassVar[bool] = False
 
     def __post_init__(self):
         check_draft_len(self.max_draft_len)
         if not 0 <= self.threshold < 1:
             raise ValueError(f"draft policy threshold={self.threshold}: must be in [0, 1)")
 
+    def start_request(self) -> None:
+        pass
+
     def should_continue(self, steps: Sequence[DraftStep]) -> bool:
         if len(steps) >= self.max_draft_len:
             return False
         chain_prob = torch.stack([step.token_prob for step in steps]).prod(dim=0)  # [B]
         return bool((chain_prob >= self.threshold).all())
+
+    def end_round(self, steps: Sequence[DraftStep], accepted: int) -> None:
+        pass
+
+
+# --- confidence policies ----------------------------------------------------------------
+
+MAX_SHIFT = 4.0  # bound on the per-request log-odds correction: one odd request cannot silence the head
+PROB_EPS = 1e-6  # confidences are clipped to [eps, 1 - eps] before taking log-odds
+
+
+def _log_odds(probs: torch.Tensor) -> torch.Tensor:
+    probs = probs.float().clamp(PROB_EPS, 1 - PROB_EPS)
+    return probs.log() - (-probs).log1p()
+
+
+def _confidences(steps: Sequence[DraftStep]) -> torch.Tensor:
+    """The steps' calibrated confidences stacked: [k, B]."""
+    if any(step.confidence is None for step in steps):
+        raise ValueError(
+            "a confidence policy got draft steps without confidence: give the decoder a confidence head"
+        )
+    return torch.stack([step.confidence for step in steps])
+
+
+@dataclass
+class RunningCorrection:
+    """Per-request recalibration: a log-odds shift b, c' = σ(logit c + b), learnt online.
+
+    After each round, one gradient step (size `rate`) of the Bernoulli log-likelihood of what
+    verification revealed: drafts 1..accepted were accepted, draft accepted + 1 (if drafted)
+    was rejected, later drafts are unobserved. A request whose drafts do better than the head
+    predicts (repetitive code, say) gets longer drafts, and one that does worse shorter ones.
+    Everything stays on the device. rate 0 turns it off.
+    """
+
+    rate: float
+    shift: torch.Tensor | None = field(default=None, repr=False)  # [B]; None = 0
+
+    def reset(self) -> None:
+        self.shift = None
+
+    def apply(self, confidences: torch.Tensor) -> torch.Tensor:
+        """confidences [..., B] -> corrected [..., B]."""
+        if self.shift is None:
+            return confidences.float()
+        return torch.sigmoid(_log_odds(confidences) + self.shift)
+
+    def update(self, confidences: torch.Tensor, accepted: int) -> None:
+        """confidences [k, B] of the round's drafts; accepted: how many verification accepted."""
+        observed = min(accepted + 1, confidences.shape[0])
+        if self.rate == 0 or observed == 0:
+            return
+        predicted = self.apply(confidences[:observed])  # [o, B]
+        outcomes = (torch.arange(observed, device=predicted.device) < accepted).float()[:, None]
+        step = self.rate * (outcomes - predicted).sum(dim=0)  # [B]
+        shift = step if self.shift is None else self.shift + step
+        self.shift = shift.clamp(-MAX_SHIFT, MAX_SHIFT)
+
+
+def check_adapt_rate(adapt_rate: float) -> None:
+    if not 0 <= adapt_rate <= 1:
+        raise ValueError(f"draft policy adapt_rate={adapt_rate}: must be in [0, 1]")
+
+
+@dataclass
+class ConfidenceThreshold:
+    """Keep drafting while the survival a_k = Π c_i of the chain so far stays above `threshold`:
+    the confidence head's estimate of "every draft so far is accepted" in place of EAGLE-2's
+    draft probability."""
+
+    max_draft_len: int
+    threshold: float
+    adapt_rate: float = 0.05
+    needs_confidence: ClassVar[bool] = True
+
+    def __post_init__(self):
+        check_draft_len(self.max_draft_len)
+        check_adapt_rate(self.adapt_rate)
+        if not 0 <= self.threshold < 1:
+            raise ValueError(f"draft policy threshold={self.threshold}: must be in [0, 1)")
+        self.correction = RunningCorrection(self.adapt_rate)
+
+    def start_request(self) -> None:
+        self.correction.reset()
+
+    def should_continue(self, steps: Sequence[DraftStep]) -> bool:
+        if len(steps) >= self.max_draft_len:
+            return False
+        survival = self.correction.apply(_confidences(steps)).prod(dim=0)  # [B]
+        return bool((survival >= self.threshold).all())
+
+    def end_round(self, steps: Sequence[DraftStep], accepted: int) -> None:
+        if steps:
+            self.correction.update(_confidences(steps), accepted)
+
+
+@dataclass
+class ExpectedGain:
+    """Draft one more token only while its expected yield pays for its cost (SPEC.md section 3).
+
+    Cost, in target forward steps, of a round with L drafts:
+        C(L) = verify(L) + beta_round + L * alpha,   verify(L) = 1 + L * beta_per_token
+    (or the measured `verify_costs[L]`: the target forward over the root and L drafts, relative
+    to a plain one-token step; CPUs are far from linear, SPEC.md section 7). alpha: one drafter
+    step (the catch-up that yields draft 1 counts as one). Its expected yield: N(L) = 1 + Σ_{j<=L} a_j
+    (the target's own token, plus each draft that survives). Plain decoding yields 1 per step, so a
+    round beats it iff N > C: the SPEC's a > 1 + α + β.
+
+    Rule. Rounds are renewal cycles, so the long-run rate is E[N] / E[C], and a stopping rule
+    maximises it iff it maximises E[N - ρ* C] per round, ρ* being that best rate (Dinkelbach).
+    After k drafts (survival a_k, last conditional c_k), the later drafts are predicted to survive
+    with â_j = a_k c_k^(j - k); drafting goes on iff some L in (k, K] has
+        Σ_{k<j<=L} â_j  >  ρ (C(L) - C(k)),
+    where ρ is the request's running rate (tokens per target step, starting from plain decoding's
+    1), so what a draft must earn rises as the request proves speculation pays. With a linear cost
+    this is â_{k+1} > ρ (alpha + beta_per_token): one more token's survival × 1 token against its
+    marginal cost; a measured non-linear `verify_costs` is why the rule looks further ahead.
+    """
+
+    max_draft_len: int
+    alpha: float
+    beta_per_token: float = 0.0
+    beta_round: float = 0.0
+    verify_costs: tuple[float, ...] | None = None
+    adapt_rate: float = 0.05
+    needs_confidence: ClassVar[bool] = True
+
+    def __post_init__(self):
+        check_draft_len(self.max_draft_len)
+        check_adapt_rate(self.adapt_rate)
+        for name in ("alpha", "beta_per_token", "beta_round"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                raise ValueError(f"draft policy {name}={value}: must be a finite cost >= 0 (target steps)")
+        if self.verify_costs is not None:
+            self.verify_costs = tuple(float(c) for c in self.verify_costs)
+            if len(self.verify_costs) < self.max_draft_len + 1 or min(self.verify_costs) <= 0:
+                raise ValueError(
+                    f"draft policy verify_costs={list(self.verify_costs)}: need {self.max_draft_len + 1} positive "
+                    "costs (verifying 0..K drafts, relative to one target step)"
+                )
+        self.correction = RunningCorrection(self.adapt_rate)
+        self.start_request()
+
+    def round_cost(self, drafts: int) -> float:
+        """C(L) in target steps."""
+        verify = 1 + drafts * self.beta_per_token if self.verify_costs is None else self.verify_costs[drafts]
+        return verify + self.beta_round + drafts * self.alpha
+
+    @property
+    def rate(self) -> float:
+        """This request's tokens per target step so far, one plain step as the prior."""
+        return self._tokens / self._cost
+
+    def start_request(self) -> None:
+        self.correction.reset()
+        self._tokens, self._cost = 1.0, 1.0
+
+    def should_continue(self, steps: Sequence[DraftStep]) -> bool:
+        drafted = len(steps)
+        if drafted >= self.max_draft_len:
+            return False
+        corrected = self.correction.apply(_confidences(steps))  # [k, B]
+        # The step's one device read: the chain's survival and its last conditional (worst row).
+        survival, last = torch.stack([corrected.prod(dim=0).min(), corrected[-1].min()]).tolist()
+        rate, base_cost = self.rate, self.round_cost(drafted)
+        gain, predicted = 0.0, survival
+        for length in range(drafted + 1, self.max_draft_len + 1):
+            predicted *= last
+            gain += predicted
+            if gain > rate * (self.round_cost(length) - base_cost):
+                return True
+        return False
+
+    def end_round(self, steps: Sequence[DraftStep], accepted: int) -> None:
+        self._tokens += accepted + 1
+        self._cost += self.round_cost(len(steps))
+        if steps:
+            self.correction.update(_confidences(steps), accepted)
+
+
+def expected_gain_from_costs(max_draft_len: int, costs: dict, adapt_rate: float = 0.05) -> ExpectedGain:
+    """An ExpectedGain priced by eval/run.py's `measure_costs` of a chain: its alpha is a round
+    of K = verify_tokens - 1 draft steps and its beta the verification of K + 1 tokens minus one
+    plain step, both over one plain step, so per draft they are alpha / K and beta / K."""
+    drafts = costs["verify_tokens"] - 1
+    if drafts < 1:
+        raise ValueError(
+            f"costs measured with verify_tokens={costs['verify_tokens']}: need at least one draft"
+        )
+    return ExpectedGain(
+        max_draft_len,
+        alpha=max(costs["alpha"], 0.0) / drafts,
+        beta_per_token=max(costs["beta"], 0.0) / drafts,
+        adapt_rate=adapt_rate,
+    )
+
+
+# --- draft trees ---------------------------------------------------------------------------
+
+
+def child_log_survival(
+    confidence: torch.Tensor, child_log_probs: torch.Tensor, sampled: bool
+) -> torch.Tensor:
+    """log P(child i is the accepted one | its parent was accepted), per child of a tree node.
+
+    confidence [n]: the calibrated c of the parent's children (shared by siblings: c reads the
+    parent's state and token, not the child's); child_log_probs [n, k]: the children's draft
+    log-probs, siblings in the order verification tries them. Returns [n, k], all <= 0, so a
+    node's survival (its parent's plus this) never exceeds its parent's and budget pruning keeps
+    the tree closed under ancestors.
+
+    Greedy: the first child is the draft argmax, accepted with probability c; the rest share
+    1 - c in proportion to their draft probabilities. Sampling: c (1 - c)^(i - 1), which depends on
+    the rank only, never on the drawn token, and falls with the rank: pruning by it keeps each
+    node's children a prefix of their draw order, chosen without looking at the children it
+    cuts, which is what keeps recursive rejection sampling exact (SPEC.md section 2).
+    """
+    conf = confidence.float().clamp(PROB_EPS, 1 - PROB_EPS)[:, None]  # [n, 1]
+    if sampled:
+        ranks = torch.arange(child_log_probs.shape[1], device=conf.device, dtype=torch.float32)
+        scores = conf.log() + ranks * (-conf).log1p()  # [n, k]
+        return torch.where(torch.isneginf(child_log_probs), -math.inf, scores)
+    draft_probs = child_log_probs.float().exp()  # [n, k], best first
+    share = (draft_probs[:, 1:] / (1 - draft_probs[:, :1]).clamp_min(1e-12)).clamp(max=1.0)
+    factors = torch.cat([conf, (1 - conf) * share], dim=1)
+    return factors.clamp_min(1e-30).log()

@@ -155,7 +155,27 @@ def markdown(report: dict) -> str:
             f"β = {costs['beta']:.3f} (verification overhead / target step); speculation pays "
             f"where AL > {costs['break_even_acceptance_length']:.2f}."
         )
+    calibration = report.get("calibration")
+    if calibration:
+        lines += [
+            "",
+            f"Confidence calibration on real decoding ({calibration['rounds']} rounds; survival a_j = Π c_i "
+            "against the realised accept-prefix), before → after temperature scaling:",
+            "",
+            "| position | rounds | accept rate | ECE | AUROC | Brier |",
+            "|---|---|---|---|---|---|",
+        ]
+        for p in calibration["positions"]:
+            b, a = p["before"], p["after"]
+            lines.append(
+                f"| {p['position']} | {p['rounds']} | {p['accept_rate']:.2f} | {_num(b['ece'])} → {_num(a['ece'])} "
+                f"| {_num(b['auroc'])} → {_num(a['auroc'])} | {_num(b['brier'])} → {_num(a['brier'])} |"
+            )
     return "\n".join(lines) + "\n"
+
+
+def _num(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def plot(report: dict, records: Sequence[Record], out_dir: Path) -> list[Path]:

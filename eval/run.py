@@ -22,11 +22,18 @@ from tqdm.auto import tqdm
 
 from data.eval_sets import EvalPrompt, load_eval_set
 from eval.baselines import hf_generate
+from eval.calibration import evaluate_calibration
 from eval.decoder import ChainDrafting, MedusaTreeDrafting, SpeculativeDecoder, TreeDrafting
-from eval.policies import DraftProbabilityThreshold, StaticDraftLength
+from eval.policies import (
+    ConfidenceThreshold,
+    DraftProbabilityThreshold,
+    StaticDraftLength,
+    expected_gain_from_costs,
+)
 from eval.report import Record, build_report, write_report
 from eval.tree import causal_mask
 from eval.verify import SamplingParams
+from heads.confidence import load_confidence
 from heads.registry import load_head, read_head_config
 from heads.target import Target, TargetConfig
 
@@ -48,9 +55,15 @@ class EvalConfig:
     # Chain: drafts per round (the maximum, under an adaptive policy). Tree: depth.
     draft_length: int = 4
     # static: always draft_length; draft_prob: EAGLE-2's stop rule (chain probability below
-    # policy_threshold ends the round).
+    # policy_threshold ends the round); confidence: the confidence head's survival below
+    # policy_threshold ends it (trees keep the nodes of highest survival); expected_gain:
+    # draft while the next token's survival pays its measured cost (alpha, beta).
     policy: str = "static"
     policy_threshold: float = 0.3
+    # Confidence heads: prompts per task (disjoint from the evaluated ones) whose real decoding
+    # fits the per-position temperatures; the evaluated prompts then report ECE/AUROC/Brier.
+    # 0 = keep the temperatures fitted at training time.
+    calibration_prompts_per_task: int = 2
     # Tree drafting: top-k expansion per depth and total node budget.
     tree_top_k: int = 4
     tree_budget: int = 12
@@ -74,15 +87,25 @@ def load_trained_head(target: Target, head_dir: Path) -> torch.nn.Module:
     return head.to(device=target.device, dtype=target.dtype).eval()
 
 
-def make_decoder(target: Target, head, kind: str, cfg: EvalConfig, max_len: int) -> SpeculativeDecoder:
+def make_decoder(
+    target: Target, head, kind: str, cfg: EvalConfig, max_len: int, confidence=None, costs: dict | None = None
+) -> SpeculativeDecoder:
     if kind == "medusa":
         drafting = MedusaTreeDrafting()
+        confidence = None  # the static Medusa tree does not use it
     elif cfg.mode == "tree":
-        drafting = TreeDrafting(depth=cfg.draft_length, top_k=cfg.tree_top_k, budget=cfg.tree_budget)
+        drafting = TreeDrafting(
+            depth=cfg.draft_length,
+            top_k=cfg.tree_top_k,
+            budget=cfg.tree_budget,
+            by_confidence=cfg.policy == "confidence",
+        )
     elif cfg.mode == "chain":
         policies = {
             "static": lambda: StaticDraftLength(cfg.draft_length),
             "draft_prob": lambda: DraftProbabilityThreshold(cfg.draft_length, cfg.policy_threshold),
+            "confidence": lambda: ConfidenceThreshold(cfg.draft_length, cfg.policy_threshold),
+            "expected_gain": lambda: expected_gain_from_costs(cfg.draft_length, costs),
         }
         if cfg.policy not in policies:
             raise ValueError(f"eval.policy={cfg.policy!r}; choose one of {sorted(policies)}")
@@ -90,8 +113,41 @@ def make_decoder(target: Target, head, kind: str, cfg: EvalConfig, max_len: int)
     else:
         raise ValueError(f"eval.mode={cfg.mode!r}; choose chain or tree")
     return SpeculativeDecoder(
-        target.model, head, drafting, max_len, eos_token_id=target.tokenizer.eos_token_id
+        target.model,
+        head,
+        drafting,
+        max_len,
+        eos_token_id=target.tokenizer.eos_token_id,
+        confidence=confidence,
     )
+
+
+def calibrate(
+    target: Target,
+    head,
+    kind: str,
+    confidence,
+    cfg: EvalConfig,
+    prompts: list[EvalPrompt],
+    max_len: int,
+    out_dir: Path,
+) -> dict:
+    """Fit the confidence temperatures on real decoding of prompts the eval does not use, then
+    report per-position ECE/AUROC/Brier of the survival on the evaluated prompts."""
+    static = dataclasses.replace(cfg, mode="chain", policy="static")
+    decoder = make_decoder(target, head, kind, static, max_len, confidence)
+    fit = []
+    if cfg.calibration_prompts_per_task:
+        for task in cfg.tasks:
+            extra = load_eval_set(task, (cfg.prompts_per_task or 0) + cfg.calibration_prompts_per_task)
+            fit += [
+                encode_turn(target, [], p.turns[0])
+                for p in extra[len(extra) - cfg.calibration_prompts_per_task :]
+            ]
+    report_ids = [encode_turn(target, [], p.turns[0]) for p in prompts]
+    sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
+    generator = torch.Generator(device=target.device).manual_seed(cfg.seed + 1)
+    return evaluate_calibration(decoder, fit, report_ids, cfg.max_new_tokens, out_dir, sampling, generator)
 
 
 def encode_turn(target: Target, history: list[dict], turn: str) -> list[int]:
@@ -199,10 +255,25 @@ def evaluate(
     """Run the eval; write report.json/.md, records.jsonl and plots to out_dir; return the JSON path."""
     head = load_trained_head(target, head_dir)
     kind = read_head_config(head_dir)["kind"]
+    confidence = load_confidence(head_dir, embed_weight=target.embed_weight)
+    if confidence is not None:
+        confidence = confidence.to(device=target.device, dtype=target.dtype).eval()
+    if cfg.policy in ("confidence", "expected_gain") and (confidence is None or kind == "medusa"):
+        raise ValueError(f"eval.policy={cfg.policy!r} needs an EAGLE head trained with head.confidence=true")
     prompts: list[EvalPrompt] = [p for task in cfg.tasks for p in load_eval_set(task, cfg.prompts_per_task)]
     longest = max(len(encode_turn(target, [], " ".join(p.turns))) for p in prompts)
     max_len = longest + cfg.max_new_tokens * (1 + max(len(p.turns) for p in prompts)) + 16
-    decoder = make_decoder(target, head, kind, cfg, max_len)
+    calibration = None
+    if confidence is not None and kind != "medusa":
+        calibration = calibrate(
+            target, head, kind, confidence, cfg, prompts, max_len, out_dir / "calibration"
+        )
+        confidence.save_pretrained(head_dir)  # ship the temperatures fitted on real decoding
+    costs = None
+    if kind != "medusa":
+        static = dataclasses.replace(cfg, policy="static")
+        costs = measure_costs(make_decoder(target, head, kind, static, max_len), static)
+    decoder = make_decoder(target, head, kind, cfg, max_len, confidence, costs)
     runner = Runner(target, decoder, cfg)
     runner.turn(encode_turn(target, [], "Say hello."))  # warm-up of every method
 
@@ -244,8 +315,8 @@ def evaluate(
                 answer = target.tokenizer.decode(reference, skip_special_tokens=True)
                 history += [{"role": "user", "content": turn}, {"role": "assistant", "content": answer}]
                 bar.update(1)
-    costs = measure_costs(decoder, cfg) if kind != "medusa" else None
     report = build_report(records, runner.methods, costs)
+    report["calibration"] = calibration
     report["settings"] = dataclasses.asdict(cfg)
     report["head"] = {"dir": str(head_dir), "kind": kind}
     report["greedy_mismatches"] = mismatches if cfg.temperature == 0 else None

@@ -5,13 +5,16 @@ last committed token, whose target KV is not cached yet), parents[0] = -1 and
 parents[i] < i for the others. Siblings are listed in the order verification tries them.
 A node at depth d holds the token for the sequence position right after its parent's,
 so its RoPE position is (root position + d), and it attends to the committed prefix,
-its ancestors and itself.
+its ancestors and itself. Depths, ancestors, children and masks come from the "tree_metadata"
+kernel op (kernels/registry.py: Triton on CUDA, the torch reference elsewhere).
 """
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from kernels.registry import kernel
 
 
 @dataclass(frozen=True)
@@ -35,21 +38,11 @@ def tree_layout(parents: torch.Tensor, max_depth: int, max_children: int) -> Tre
     top-k): the tree must not exceed them.
     """
     num_nodes = parents.numel()
-    nodes = torch.arange(num_nodes, device=parents.device)
-    step_up = parents.clamp_min(0)  # the root is its own parent, so climbing stops there
-    ancestors = torch.eye(num_nodes, dtype=torch.bool, device=parents.device)
-    depths = torch.zeros_like(parents)
-    hop = nodes
-    for _ in range(max_depth):
-        depths += (hop != 0).long()
-        hop = step_up[hop]
-        ancestors[nodes, hop] = True
-    same_parent = parents.unsqueeze(0) == parents.unsqueeze(1)  # [N, N]
-    earlier = torch.ones(num_nodes, num_nodes, dtype=torch.bool, device=parents.device).tril(-1)
-    sibling_rank = (same_parent & earlier).long().sum(dim=-1)  # [N]
-    children = torch.full((num_nodes, max_children), -1, dtype=torch.long, device=parents.device)
-    children[parents[1:], sibling_rank[1:]] = nodes[1:]
-    return TreeLayout(parents, depths, ancestors, children, max_depth, max_children)
+    prefix = torch.zeros(1, dtype=torch.long, device=parents.device)
+    # With no prefix and N mask columns, the attention mask is the ancestor matrix.
+    metadata = kernel("tree_metadata", parents.device)
+    tables = metadata(parents.unsqueeze(0), prefix, num_nodes, max_depth, max_children)
+    return TreeLayout(parents, tables.positions[0], tables.attn_mask[0, 0], tables.children[0], max_depth, max_children)
 
 
 def chain_layout(length: int, device: torch.device | str = "cpu") -> TreeLayout:
@@ -66,11 +59,10 @@ def causal_mask(start: int, length: int, kv_len: int, device: torch.device | str
 
 def tree_attention_mask(layout: TreeLayout, prefix_len: int, kv_len: int) -> torch.Tensor:
     """[1, 1, N, kv_len] bool for a tree written at slots prefix_len ..: prefix + ancestors + self."""
-    num_nodes = layout.num_nodes
-    mask = torch.zeros(num_nodes, kv_len, dtype=torch.bool, device=layout.parents.device)
-    mask[:, :prefix_len] = True
-    mask[:, prefix_len : prefix_len + num_nodes] = layout.ancestors
-    return mask.view(1, 1, num_nodes, kv_len)
+    parents = layout.parents.unsqueeze(0)
+    prefix = torch.full((1,), prefix_len, dtype=torch.long, device=parents.device)
+    metadata = kernel("tree_metadata", parents.device)
+    return metadata(parents, prefix, kv_len, layout.max_depth, layout.max_children).attn_mask
 
 
 def select_children(

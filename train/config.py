@@ -32,6 +32,16 @@ class HeadConfig:
     medusa_layers: int = 1
     # Train a confidence head beside the drafter (predicts which draft tokens survive).
     confidence: bool = True
+    # joint: in the same run, on detached drafter states (the drafter trains exactly as without
+    # it); frozen: only the confidence head trains, on the head at confidence_drafter (a short
+    # second run, e.g. to add confidence to a drafter trained elsewhere).
+    confidence_training: str = "joint"
+    confidence_drafter: str | None = None
+    # BCE weight exp(-k/γ) of draft step k: small γ fits the first steps best, large γ the deep ones.
+    confidence_gamma: float = 4.0
+    # Decode temperature the acceptance labels assume; 0 = greedy (draft argmax == target argmax).
+    # Match eval.temperature: a head trained for greedy is over-confident when sampling.
+    confidence_temperature: float = 0.0
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Distillation losses of the draft heads, computed in chunks of rows so that no more than one
-chunk x vocab block of logits exists at a time, forward or backward.
+chunk x vocab block of logits exists at a time, forward or backward. The EAGLE-3 loss chunks over
+target positions and scores each chunk against all TTT steps, so the target is projected once.
 
 Row alignment (token-aligned inputs, docs/ARCHITECTURE.md): a draft state at row t of step
 (or Medusa head) k predicts the token at t + k + 2. Its soft label is the target's
@@ -177,6 +178,28 @@ def project_target(
     )
 
 
+def _row_dot(left: torch.Tensor, right: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """[n, V] x [n, V] -> [n]: row-wise dot products, the products written into scratch [n, V].
+
+    A reused scratch block spares a fresh allocation (see _mm_into); multiply-then-sum keeps
+    torch's pairwise summation, where einsum's batched matmul drifts ~1e-5 relative in fp32.
+    """
+    return torch.mul(left, right, out=scratch).sum(-1)
+
+
+def _mm_into(out: torch.Tensor, left: torch.Tensor, right: torch.Tensor, accumulate: bool = False):
+    """out = left @ right (or out += left @ right), reusing `out`.
+
+    On CPU every fresh [rows, vocab] result is a fresh mmap whose page faults cost ~20% of the
+    TTT loss; one reused buffer avoids them. Under autocast (or inputs not in out's dtype) the
+    product runs in the dtype autocast picks, as everywhere else in the step, and is copied in.
+    """
+    if torch.is_autocast_enabled(left.device.type) or not left.dtype == right.dtype == out.dtype:
+        product = left @ right
+        return out.add_(product) if accumulate else out.copy_(product)
+    return out.addmm_(left, right) if accumulate else torch.mm(left, right, out=out)
+
+
 class _TTTSoftKL(torch.autograd.Function):
     """Σ_k step_weights[k] Σ_r row_weights[k, r] · KL(target_r || draft_{k,r}) over the draft vocab.
 
@@ -212,6 +235,10 @@ class _TTTSoftKL(torch.autograd.Function):
         grad_weight = (
             torch.zeros(draft_weight.shape, dtype=torch.float32, device=device) if need_weight_grad else None
         )
+        # The draft side's two [chunk, Vd] blocks, reused by every step and chunk: the logits
+        # (then scratch for row products) and their log-softmax.
+        draft_logits_block = torch.empty(min(chunk_size, num_rows), draft_weight.shape[0], device=device)
+        draft_logprobs_block = torch.empty_like(draft_logits_block)
         for start in range(0, num_rows, chunk_size):
             rows = slice(start, start + chunk_size)
             target = project_target(target_hidden[rows], target_lm_head, draft_token_ids)
@@ -219,18 +246,20 @@ class _TTTSoftKL(torch.autograd.Function):
             # KL = Σ target_probs · target_logprobs - Σ target_probs · draft_logprobs; the first term
             # is the same for every step, so only target_probs stays alive across the steps.
             target_probs = target.logprobs.exp()  # [n, Vd]
-            target_neg_entropy = torch.linalg.vecdot(target_probs, target.logprobs)  # [n]
+            scratch = draft_logits_block[: len(target_probs)]
+            target_neg_entropy = _row_dot(target_probs, target.logprobs, scratch)  # [n]
             del target
             for step in range(num_steps):
                 index = draft_rows[step, rows]  # [n]
                 weights = row_weights[step, rows]  # [n]
                 used = (weights > 0)[:, None]
                 hidden = torch.where(used, draft_states.index_select(0, index), 0)  # [n, H]; 0 x NaN is NaN
-                draft_logits = (hidden @ draft_weight.T).float()  # [n, Vd]
+                draft_logits = _mm_into(scratch, hidden, draft_weight.T)  # [n, Vd]
                 draft_argmax[step, rows] = draft_logits.argmax(-1)
-                draft_logprobs = F.log_softmax(draft_logits, dim=-1)
-                del draft_logits
-                kl_rows = target_neg_entropy - torch.linalg.vecdot(target_probs, draft_logprobs)  # [n]
+                draft_logprobs = torch.log_softmax(
+                    draft_logits, dim=-1, out=draft_logprobs_block[: len(index)]
+                )
+                kl_rows = target_neg_entropy - _row_dot(target_probs, draft_logprobs, scratch)  # [n]
                 step_losses[step] += (kl_rows * weights).sum()
                 if need_states_grad or need_weight_grad:
                     # d loss / d draft_logits of a weighted KL row: weight x (draft_probs - target_probs).
@@ -238,9 +267,12 @@ class _TTTSoftKL(torch.autograd.Function):
                     grad_logits = grad_logits.mul_((weights * step_weights[step])[:, None])
                     if need_states_grad:
                         grad_rows = grad_logits.to(draft_weight.dtype) @ draft_weight  # [n, H]
-                        grad_states.index_add_(0, index, grad_rows.to(grad_states.dtype))
+                        # A step's draft rows are distinct (_ttt_pairing): a copy, not an add
+                        # (index_add_ is ~10x slower on CPU).
+                        grad_states.index_copy_(0, index, grad_rows.to(grad_states.dtype))
                     if need_weight_grad:
-                        grad_weight += (grad_logits.T.to(hidden.dtype) @ hidden).float()
+                        _mm_into(grad_weight, grad_logits.T.to(hidden.dtype), hidden, accumulate=True)
+            del target_probs  # before the next chunk's projection
         ctx.save_for_backward(grad_states, grad_weight)
         ctx.weight_dtype = draft_weight.dtype
         loss = (step_weights * step_losses).sum()
@@ -283,6 +315,11 @@ class TTTLoss:
     step_tokens: torch.Tensor  # [K] masked rows per step
     outside_mass: torch.Tensor  # scalar: mean target probability outside the draft vocab (step-0 rows)
     argmax_coverage: torch.Tensor  # scalar: fraction of step-0 rows whose target argmax is in the draft vocab
+    # Per (step k, target row r = (b, j), position j + 1), r < B * (T - 2), as _ttt_pairing lays them out:
+    scored: torch.Tensor  # bool [K, N]: step k scores row r (loss mask, and a draft row to pair with)
+    accepted: (
+        torch.Tensor
+    )  # bool [K, N]: step k's draft argmax == the full-vocab target argmax (greedy acceptance)
 
 
 def eagle3_ttt_loss(
@@ -345,6 +382,8 @@ def eagle3_ttt_loss(
         step_tokens=step_tokens,
         outside_mass=_masked_mean(outside_mass, step_masks[0]),
         argmax_coverage=_masked_mean(t2d[target_argmax].float(), step_masks[0]),
+        scored=step_masks,
+        accepted=correct & step_masks,
     )
 
 

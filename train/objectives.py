@@ -3,6 +3,11 @@
 The losses project the head's states through its lm_head in chunks; doing that inside
 this module's forward keeps every parameter access inside the wrapped forward, where
 ZeRO-3 and FSDP have the weights gathered.
+
+With `head.confidence`, the objective also trains a confidence head (train/confidence.py) on
+the drafter's detached states: jointly (its loss added to the drafter's), or alone on a frozen,
+already trained drafter (`head.confidence_training=frozen`). `metrics["loss"]` is always the
+loss being optimised; the drafter's own is then `draft_loss`.
 """
 
 import logging
@@ -11,11 +16,14 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from heads.confidence import ConfidenceHead
 from heads.draft_vocab import DraftVocab, build_draft_vocab, count_masked_tokens
 from heads.eagle1 import Eagle1Head
-from heads.eagle3 import Eagle3Head
+from heads.eagle3 import Eagle3Head, UnrolledSteps
 from heads.medusa import MedusaHead
+from heads.registry import load_head, read_head_config
 from heads.target import Target
+from train.confidence import ConfidenceTraining, DraftChain, eagle1_unroll
 from train.config import HeadConfig, TrainConfig
 from train.losses import eagle1_loss, eagle3_ttt_loss, medusa_loss
 
@@ -38,9 +46,24 @@ class Objective(nn.Module):
 
     head: nn.Module
 
-    def __init__(self, head: nn.Module, target_lm_head: torch.Tensor, chunk_tokens: int):
+    def __init__(
+        self,
+        head: nn.Module,
+        target_lm_head: torch.Tensor,
+        chunk_tokens: int,
+        confidence: ConfidenceTraining | None = None,
+        train_drafter: bool = True,
+    ):
+        """confidence: train a confidence head too; train_drafter False: the drafter is frozen
+        (its parameters stop requiring grad) and only the confidence head trains."""
         super().__init__()
+        if not train_drafter and confidence is None:
+            raise ValueError("a frozen drafter leaves nothing to train without a confidence head")
         self.head = head
+        self.confidence = confidence
+        self.train_drafter = train_drafter
+        if not train_drafter:
+            head.requires_grad_(False)
         # The frozen target's output layer, kept out of the state dict and the optimizer.
         self._target_lm_head = [target_lm_head.detach()]
         self.chunk_tokens = chunk_tokens
@@ -56,14 +79,58 @@ class Objective(nn.Module):
     def head_args(self) -> dict:
         return asdict(self.head.args)
 
+    def draft_chain(self, feats: Features) -> DraftChain:
+        """The drafter's K draft steps over a batch, without gradients (confidence calibration)."""
+        raise NotImplementedError
+
+    def save_pretrained(self, path) -> None:
+        """The head, and beside it the confidence head when there is one."""
+        self.head.save_pretrained(path)
+        if self.confidence is not None:
+            self.confidence.head.save_pretrained(path)
+
+    def _finish(
+        self, feats: Features, chain: DraftChain, draft_loss: torch.Tensor | None, metrics: dict
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Add the confidence loss (if any) to the drafter's (None when frozen)."""
+        if self.confidence is None:
+            return draft_loss, metrics
+        out = self.confidence(
+            chain, feats.input_ids, feats.final_hidden, self.target_lm_head, feats.loss_mask
+        )
+        loss = out.loss if draft_loss is None else draft_loss + out.loss
+        if draft_loss is not None:
+            metrics["draft_loss"] = draft_loss
+        return loss, metrics | out.metrics() | {"loss": loss}
+
 
 class Eagle3Objective(Objective):
-    def __init__(self, head: Eagle3Head, target_lm_head: torch.Tensor, chunk_tokens: int, ttt_steps: int):
-        super().__init__(head, target_lm_head, chunk_tokens)
+    def __init__(
+        self, head: Eagle3Head, target_lm_head: torch.Tensor, chunk_tokens: int, ttt_steps: int, **kw
+    ):
+        super().__init__(head, target_lm_head, chunk_tokens, **kw)
         self.ttt_steps = ttt_steps
 
+    def _unroll(self, feats: Features) -> UnrolledSteps:
+        return self.head(feats.hidden_states, feats.input_ids, feats.attention_mask, self.ttt_steps)
+
+    def _chain(self, unrolled: UnrolledSteps) -> DraftChain:
+        steps = len(unrolled.hidden_states)
+        return DraftChain(
+            unrolled.hidden_states,
+            unrolled.normed_states,
+            [self.head.lm_head.weight] * steps,
+            self.head.draft_token_ids,
+        )
+
+    @torch.no_grad()
+    def draft_chain(self, feats: Features) -> DraftChain:
+        return self._chain(self._unroll(feats))
+
     def forward(self, feats: Features) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        unrolled = self.head(feats.hidden_states, feats.input_ids, feats.attention_mask, self.ttt_steps)
+        if not self.train_drafter:
+            return self._finish(feats, self.draft_chain(feats), None, {})
+        unrolled = self._unroll(feats)
         out = eagle3_ttt_loss(
             unrolled.normed_states,
             self.head.lm_head.weight,
@@ -77,22 +144,49 @@ class Eagle3Objective(Objective):
         for k in range(self.ttt_steps):
             metrics[f"loss_{k}"] = out.step_losses[k]
             metrics[f"acc_{k}"] = out.step_accuracy[k]
-        return out.loss, metrics
+        return self._finish(feats, self._chain(unrolled), out.loss, metrics)
 
 
 class Eagle1Objective(Objective):
+    def __init__(
+        self, head: Eagle1Head, target_lm_head: torch.Tensor, chunk_tokens: int, confidence_steps: int, **kw
+    ):
+        """confidence_steps: depth of the unroll the confidence head learns from (EAGLE-1's own
+        loss trains one step)."""
+        super().__init__(head, target_lm_head, chunk_tokens, **kw)
+        self.confidence_steps = confidence_steps
+
+    @torch.no_grad()
+    def draft_chain(self, feats: Features) -> DraftChain:
+        states = eagle1_unroll(
+            self.head, feats.final_hidden, feats.input_ids, feats.attention_mask, self.confidence_steps
+        )
+        return DraftChain(states, states, [self.head.lm_head.weight] * len(states), None)
+
     def forward(self, feats: Features) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        chain = self.draft_chain(feats) if self.confidence is not None else None
+        if not self.train_drafter:
+            return self._finish(feats, chain, None, {})
         noise = EAGLE1_FEATURE_NOISE if self.training else 0.0
         predicted = self.head(feats.final_hidden, feats.input_ids, feats.attention_mask, noise)
         out = eagle1_loss(
             predicted, self.target_lm_head, feats.final_hidden, feats.loss_mask, self.chunk_tokens
         )
         metrics = {"loss": out.loss, "feature_loss": out.feature_loss, "kl": out.kl, "acc_0": out.accuracy}
-        return out.loss, metrics
+        return self._finish(feats, chain, out.loss, metrics)
 
 
 class MedusaObjective(Objective):
+    def _chain(self, states: list[torch.Tensor]) -> DraftChain:
+        return DraftChain(states, states, [lm_head.weight for lm_head in self.head.lm_heads], None)
+
+    @torch.no_grad()
+    def draft_chain(self, feats: Features) -> DraftChain:
+        return self._chain(self.head(feats.final_hidden))
+
     def forward(self, feats: Features) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if not self.train_drafter:
+            return self._finish(feats, self.draft_chain(feats), None, {})
         states = self.head(feats.final_hidden)
         out = medusa_loss(
             states,
@@ -106,7 +200,7 @@ class MedusaObjective(Objective):
         for i in range(len(states)):
             metrics[f"loss_{i}"] = out.head_losses[i]
             metrics[f"acc_{i}"] = out.head_accuracy[i]
-        return out.loss, metrics
+        return self._finish(feats, self._chain(states), out.loss, metrics)
 
 
 def draft_vocab_from_rows(train_rows, vocab_size: int, size: int) -> DraftVocab:
@@ -124,29 +218,99 @@ def draft_vocab_from_rows(train_rows, vocab_size: int, size: int) -> DraftVocab:
     return vocab
 
 
-def build_objective(head_cfg: HeadConfig, target: Target, train_rows, train_cfg: TrainConfig) -> Objective:
-    """A fresh head for the target, wrapped with its training loss."""
-    chunk = train_cfg.loss_chunk_tokens
+CONFIDENCE_TRAINING = ("joint", "frozen")
+
+
+def check_confidence_config(head_cfg: HeadConfig) -> None:
+    """Reject confidence settings that contradict each other, naming both keys."""
+    if head_cfg.confidence_training not in CONFIDENCE_TRAINING:
+        raise ValueError(
+            f"head.confidence_training={head_cfg.confidence_training!r}; choose one of {list(CONFIDENCE_TRAINING)}"
+        )
+    frozen = head_cfg.confidence_training == "frozen"
+    if frozen and not head_cfg.confidence:
+        raise ValueError(
+            "head.confidence_training=frozen trains only a confidence head: it needs head.confidence=true"
+        )
+    if frozen and head_cfg.confidence_drafter is None:
+        raise ValueError(
+            "head.confidence_training=frozen needs head.confidence_drafter: the directory of the trained head"
+        )
+    if not frozen and head_cfg.confidence_drafter is not None:
+        raise ValueError(
+            f"head.confidence_drafter={head_cfg.confidence_drafter!r} is only read when "
+            "head.confidence_training=frozen (it is joint)"
+        )
+    if head_cfg.confidence_temperature < 0:
+        raise ValueError(
+            f"head.confidence_temperature={head_cfg.confidence_temperature} must be >= 0 (0 = greedy)"
+        )
+
+
+def new_head(head_cfg: HeadConfig, target: Target, train_rows) -> nn.Module:
+    """A fresh head of head.kind for the target."""
     if head_cfg.kind == "eagle3":
-        head = Eagle3Head.from_target(
+        return Eagle3Head.from_target(
             target.config,
             embed_weight=target.embed_weight,
             draft_vocab=draft_vocab_from_rows(train_rows, target.vocab_size, head_cfg.draft_vocab_size),
             target_layer_ids=head_cfg.layer_ids,
             lm_head_weight=target.lm_head_weight,
         )
-        return Eagle3Objective(head, target.lm_head_weight, chunk, train_cfg.ttt_steps)
     if head_cfg.kind == "eagle1":
-        head = Eagle1Head.from_target(
+        return Eagle1Head.from_target(
             target.config, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight
         )
-        return Eagle1Objective(head, target.lm_head_weight, chunk)
     if head_cfg.kind == "medusa":
-        head = MedusaHead.from_target(
+        return MedusaHead.from_target(
             target.config,
             lm_head_weight=target.lm_head_weight,
             num_heads=head_cfg.medusa_heads,
             num_layers=head_cfg.medusa_layers,
         )
-        return MedusaObjective(head, target.lm_head_weight, chunk)
     raise ValueError(f"head.kind={head_cfg.kind!r}; choose eagle3, eagle1 or medusa")
+
+
+def load_frozen_drafter(head_cfg: HeadConfig, target: Target) -> nn.Module:
+    """The trained head at head.confidence_drafter, which must be of head.kind and fit the target."""
+    path = head_cfg.confidence_drafter
+    kind = read_head_config(path)["kind"]
+    if kind != head_cfg.kind:
+        raise ValueError(
+            f"head.confidence_drafter={path!r} holds a {kind!r} head, but head.kind={head_cfg.kind!r}"
+        )
+    target.check_head_dir(path)
+    return load_head(
+        path,
+        embed_weight=target.embed_weight,
+        lm_head_weight=target.lm_head_weight,
+        target_config=target.config,
+    )
+
+
+def build_confidence(
+    head_cfg: HeadConfig, head: nn.Module, target: Target, chunk_tokens: int
+) -> ConfidenceTraining:
+    # EAGLE heads keep their geometry under args.layer, Medusa at the top of its args.
+    hidden_size = head.args.hidden_size if head_cfg.kind == "medusa" else head.args.layer.hidden_size
+    confidence = ConfidenceHead.for_drafter(
+        head_cfg.kind, hidden_size, target.embed_weight, head_cfg.confidence_temperature
+    )
+    return ConfidenceTraining(
+        confidence, head_cfg.confidence_gamma, head_cfg.confidence_temperature, chunk_tokens
+    )
+
+
+def build_objective(head_cfg: HeadConfig, target: Target, train_rows, train_cfg: TrainConfig) -> Objective:
+    """The head (fresh, or the frozen drafter a confidence head is fitted to), wrapped with its loss."""
+    check_confidence_config(head_cfg)
+    chunk = train_cfg.loss_chunk_tokens
+    frozen = head_cfg.confidence and head_cfg.confidence_training == "frozen"
+    head = load_frozen_drafter(head_cfg, target) if frozen else new_head(head_cfg, target, train_rows)
+    confidence = build_confidence(head_cfg, head, target, chunk) if head_cfg.confidence else None
+    kw = {"confidence": confidence, "train_drafter": not frozen}
+    if head_cfg.kind == "eagle3":
+        return Eagle3Objective(head, target.lm_head_weight, chunk, train_cfg.ttt_steps, **kw)
+    if head_cfg.kind == "eagle1":
+        return Eagle1Objective(head, target.lm_head_weight, chunk, train_cfg.ttt_steps, **kw)
+    return MedusaObjective(head, target.lm_head_weight, chunk, **kw)

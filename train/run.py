@@ -48,7 +48,8 @@ def log_eval(accelerator):
         scalars |= {
             f"eval/overall/{k}": v for k, v in report["overall"].items() if isinstance(v, (int, float))
         }
-        images = {f"eval/plots/{Path(p).stem}": wandb.Image(p) for p in report.get("plots", [])}
+        plots = report.get("plots", []) + ((report.get("calibration") or {}).get("images") or [])
+        images = {f"eval/plots/{Path(p).stem}": wandb.Image(p) for p in plots}
         accelerator.get_tracker("wandb", unwrap=True).log(scalars | images)
 
     return log

@@ -22,6 +22,7 @@ from data.hidden_cache import HiddenCache, build_hidden_cache
 from heads.target import Target
 from train.batches import BatchPlan, pad_rows
 from train.checkpoint import TrainerState, find_resume_dir, load_checkpoint, save_checkpoint
+from train.confidence import calibrate_on_batches
 from train.config import JobConfig
 from train.objectives import Features, Objective, build_objective
 
@@ -207,7 +208,12 @@ def train(
     accelerator.log({"train/rank_weight_spread": weight_spread(accelerator, params)}, step=state.step)
     head_dir = run_dir / "head"
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).head.save_pretrained(head_dir)
+        objective = accelerator.unwrap_model(model)
+        if objective.confidence is not None:
+            # First fit on the held-out split's own tokens; eval refits on real decoding.
+            fit = calibrate_on_batches(objective, _val_batches(val_features, val_rows, cfg, pad_id))
+            log.info("confidence temperatures (held-out proxy): %s", fit)
+        objective.save_pretrained(head_dir)
         target.save_identity(head_dir)
     accelerator.wait_for_everyone()
     return head_dir
@@ -235,19 +241,26 @@ def _flush(pending: list[dict[str, torch.Tensor]]) -> list[dict[str, float]]:
     return [dict(zip(keys, row)) for row in values]
 
 
+def _val_batches(features: FeatureSource, val_rows, cfg, pad_id: int):
+    """Features of the first val_batches held-out batches."""
+    for first in range(0, min(len(val_rows), cfg.val_batches * cfg.batch_size), cfg.batch_size):
+        rows = list(range(first, min(first + cfg.batch_size, len(val_rows))))
+        yield features(rows, pad_rows([val_rows[i] for i in rows], pad_id))
+
+
 @torch.no_grad()
 def validate(model, features: FeatureSource, val_rows, cfg, pad_id: int) -> dict[str, float]:
     """Mean metrics (loss, per-step top-1 accuracy) over the first val_batches held-out batches."""
     model.eval()
     totals: dict[str, torch.Tensor] = {}
-    starts = range(0, min(len(val_rows), cfg.val_batches * cfg.batch_size), cfg.batch_size)
-    for first in starts:
-        rows = list(range(first, min(first + cfg.batch_size, len(val_rows))))
-        _, metrics = model(features(rows, pad_rows([val_rows[i] for i in rows], pad_id)))
+    batches = 0
+    for feats in _val_batches(features, val_rows, cfg, pad_id):
+        _, metrics = model(feats)
         for k, v in metrics.items():
             totals[k] = totals.get(k, 0) + v.float()
+        batches += 1
     model.train()
-    return {f"val/{k}": float(v) / max(len(starts), 1) for k, v in totals.items()}
+    return {f"val/{k}": float(v) / max(batches, 1) for k, v in totals.items()}
 
 
 def _warn_overrides(saved: dict, current: dict, prefix: str = "") -> None:

@@ -12,6 +12,7 @@ from eval.target_forward import CachedTarget
 from eval.tree import causal_mask
 from eval.verify import SamplingParams, process_logits
 from heads.kv_cache import KVCache
+from kernels import kv_compact_reference
 from tests.eval.drafters import DRAFTER_FEATURE, LMDrafter, TinyMedusa, perturbed_copy
 from tests.eval.stats import chi_square, chi_square_critical
 from tests.helpers import tiny_llama
@@ -89,13 +90,13 @@ def full_sequence_cache(model, tokens: list[int], cache_len: int) -> list[KVCach
 
 def test_kv_cache_after_partly_accepted_trees_equals_direct_decoding(target, monkeypatch):
     moves = []
-    compact = KVCache.compact
+    compact = kv_compact_reference.compact_kv_reference  # what the registry runs on CPU
 
-    def recording_compact(self, src_positions, dst_start):
-        moves.append((src_positions.tolist(), dst_start))
-        compact(self, src_positions, dst_start)
+    def recording_compact(caches, src_positions, path_lengths, dst_starts):
+        moves.append((src_positions[0, : int(path_lengths[0])].tolist(), int(dst_starts[0])))
+        compact(caches, src_positions, path_lengths, dst_starts)
 
-    monkeypatch.setattr(KVCache, "compact", recording_compact)
+    monkeypatch.setattr(kv_compact_reference, "compact_kv_reference", recording_compact)
     drafter = eagle_drafter(target, "good")
     decoder = SpeculativeDecoder(target, drafter, TreeDrafting(depth=4, top_k=3, budget=10), max_len=MAX_LEN)
     prompt = PROMPTS[0]

@@ -1,6 +1,7 @@
 """The eval stage end to end on a tiny target: report, plots, costs, greedy identity."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +32,10 @@ def _eval_overrides(prompts_jsonl, *extra):
 
 
 def test_eval_stage_writes_a_report_with_al_speedups_costs_and_plots(make_job, prompts_jsonl, tmp_path):
-    run(make_job(*_eval_overrides(prompts_jsonl)))
+    results = run(
+        make_job(*_eval_overrides(prompts_jsonl, "stages=[prepare,train,eval,export]", "export.force=true"))
+    )
+    assert [p.split("/")[-1] for p in results["exports"]] == ["sglang", "vllm", "speculators"]
     out = tmp_path / "run" / "eval"
     report = json.loads((out / "report.json").read_text())
     assert report["greedy_mismatches"] == 0
@@ -89,3 +93,23 @@ def test_bench_prints_one_row_per_task_setting_and_temperature(make_job, prompts
     assert table(rows).count("\n") == len(rows) + 1
     with pytest.raises(ValueError, match="policy:K"):
         parse_setting("static")
+
+
+def test_confidence_head_is_calibrated_on_decoding_and_drives_the_policies(make_job, prompts_jsonl, tmp_path):
+    run(
+        make_job(
+            *_eval_overrides(prompts_jsonl, "eval.calibration_prompts_per_task=1", "eval.policy=confidence")
+        )
+    )
+    report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
+    calibration = report["calibration"]
+    assert calibration["rounds"] > 0 and calibration["positions"][0]["position"] == 1
+    assert {"ece", "auroc", "brier"} <= set(calibration["positions"][0]["after"])
+    assert all(Path(p).is_file() for p in calibration["images"])
+    assert report["greedy_mismatches"] == 0
+    assert "Confidence calibration" in (tmp_path / "run" / "eval" / "report.md").read_text()
+    config = json.loads((tmp_path / "run" / "head" / "confidence_config.json").read_text())
+    assert len(config["args"]["temperatures"]) == 3  # one per draft position, fitted on decoding
+    run(make_job(*_eval_overrides(prompts_jsonl, "eval.policy=expected_gain", "eval.baselines=false")))
+    report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
+    assert report["greedy_mismatches"] == 0 and report["overall"]["requests"] == 4

@@ -1,0 +1,282 @@
+"""Confidence at decode time: the policies, the tree scores, and losslessness with them on
+(the greedy-identity and sampling-distribution checks of tests/eval/test_decoder.py)."""
+
+import math
+
+import pytest
+import torch
+
+from eval.decoder import ChainDrafting, MedusaTreeDrafting, SpeculativeDecoder, TreeDrafting
+from eval.policies import (
+    ConfidenceThreshold,
+    DraftStep,
+    ExpectedGain,
+    RunningCorrection,
+    StaticDraftLength,
+    child_log_survival,
+    expected_gain_from_costs,
+)
+from eval.verify import SamplingParams
+from heads.confidence import ConfidenceHead
+from tests.eval.drafters import LMDrafter, TinyMedusa, perturbed_copy
+from tests.eval.stats import chi_square, chi_square_critical
+from tests.eval.test_decoder import exact_continuations
+from tests.helpers import tiny_llama
+
+MAX_LEN = 80
+NEW_TOKENS = 32
+PROMPTS = [[5, 17, 33, 8, 90, 4], [100, 3, 56]]
+
+
+def steps(*confidences: float) -> list[DraftStep]:
+    return [
+        DraftStep(torch.tensor([0]), torch.tensor([0.5]), torch.zeros(1, 4), torch.tensor([c]))
+        for c in confidences
+    ]
+
+
+def confidence_head(target, bias: float = 1.5, scale: float = 2.0, seed: int = 0) -> ConfidenceHead:
+    """A random head over the target's embedding: confidences vary with the previous token."""
+    torch.manual_seed(seed)
+    head = ConfidenceHead.for_drafter("eagle3", target.config.hidden_size, target.model.embed_tokens.weight)
+    with torch.no_grad():
+        head.linear.weight.mul_(scale)
+        head.linear.bias.fill_(bias)
+    return head
+
+
+# --- policies, without a model ------------------------------------------------------------
+
+
+def test_confidence_threshold_stops_when_the_survival_drops_below_it():
+    policy = ConfidenceThreshold(max_draft_len=5, threshold=0.5, adapt_rate=0.0)
+    assert policy.should_continue(steps(0.9, 0.7))  # 0.63
+    assert not policy.should_continue(steps(0.9, 0.7, 0.7))  # 0.441
+    assert not policy.should_continue(steps(1.0, 1.0, 1.0, 1.0, 1.0))  # the cap
+    with pytest.raises(ValueError, match="without confidence: give the decoder a confidence head"):
+        policy.should_continue([DraftStep(torch.tensor([0]), torch.tensor([0.5]), torch.zeros(1, 4))])
+
+
+def test_expected_gain_drafts_on_while_the_next_survival_beats_its_marginal_cost():
+    # After 2 drafts: survival 0.81, last c 0.9 -> the next draft survives with 0.729.
+    assert ExpectedGain(max_draft_len=6, alpha=0.5, adapt_rate=0.0).should_continue(steps(0.9, 0.9))
+    assert not ExpectedGain(max_draft_len=6, alpha=0.7, beta_per_token=0.1, adapt_rate=0.0).should_continue(
+        steps(0.9, 0.9)
+    )
+    assert not ExpectedGain(max_draft_len=2, alpha=0.0, adapt_rate=0.0).should_continue(steps(0.9, 0.9))
+
+
+def test_expected_gain_looks_past_a_costly_step_of_a_measured_verification_curve():
+    # Verifying 2 drafts costs 2 target steps, 3 or 4 cost the same 2: the second draft alone
+    # does not pay (0.81 < 1.05), drafts 2 and 3 together do (1.539 > 1.1).
+    policy = ExpectedGain(max_draft_len=4, alpha=0.05, verify_costs=(1.0, 1.0, 2.0, 2.0, 2.0), adapt_rate=0.0)
+    assert policy.should_continue(steps(0.9))
+    flat = ExpectedGain(max_draft_len=2, alpha=0.05, verify_costs=(1.0, 1.0, 2.0), adapt_rate=0.0)
+    assert not flat.should_continue(steps(0.9))
+
+
+def test_expected_gain_asks_more_of_a_draft_once_the_request_runs_fast():
+    policy = ExpectedGain(max_draft_len=8, alpha=0.3, adapt_rate=0.0)
+    policy.start_request()
+    assert policy.rate == 1.0 and policy.should_continue(steps(0.6, 0.9))  # 0.486 > 0.3
+    for _ in range(10):  # rounds of 4 drafts, all accepted: 5 tokens for 2.2 target steps
+        policy.end_round(steps(0.9, 0.9, 0.9, 0.9), accepted=4)
+    assert policy.rate > 2.0
+    assert not policy.should_continue(steps(0.6, 0.9))  # 0.486 < rate x 0.3
+    policy.start_request()
+    assert policy.rate == 1.0
+
+
+def test_running_correction_learns_from_the_requests_own_rounds():
+    correction = RunningCorrection(rate=0.5)
+    confidences = torch.tensor([[0.9], [0.9], [0.9]])
+    previous = 0.9
+    for _ in range(10):
+        correction.update(confidences, accepted=0)  # draft 1 rejected: only it was observed
+        assert correction.apply(confidences)[0, 0] < previous
+        previous = correction.apply(confidences)[0, 0]
+    assert previous < 0.5
+    lowered = correction.apply(confidences)[0, 0]
+    correction.update(confidences, accepted=3)  # all three accepted
+    assert correction.apply(confidences)[0, 0] > lowered
+    correction.reset()
+    torch.testing.assert_close(correction.apply(confidences), confidences)
+
+
+def test_bad_confidence_policies_are_refused():
+    with pytest.raises(ValueError, match="threshold=1.0"):
+        ConfidenceThreshold(max_draft_len=4, threshold=1.0)
+    with pytest.raises(ValueError, match="alpha=-0.1"):
+        ExpectedGain(max_draft_len=4, alpha=-0.1)
+    with pytest.raises(ValueError, match="need 5 positive costs"):
+        ExpectedGain(max_draft_len=4, alpha=0.1, verify_costs=(1.0, 1.1))
+    with pytest.raises(ValueError, match="adapt_rate=2"):
+        ConfidenceThreshold(max_draft_len=4, threshold=0.5, adapt_rate=2)
+
+
+def test_expected_gain_takes_the_eval_runners_measured_costs_per_draft():
+    policy = expected_gain_from_costs(6, {"alpha": 0.8, "beta": 0.4, "verify_tokens": 5})
+    assert policy.alpha == pytest.approx(0.2) and policy.beta_per_token == pytest.approx(0.1)
+    assert policy.round_cost(3) == pytest.approx(1 + 3 * 0.1 + 3 * 0.2)
+
+
+def test_child_survival_never_exceeds_the_parents_and_sampling_scores_ignore_the_drawn_tokens():
+    confidence = torch.tensor([0.7, 0.2])
+    top3 = torch.tensor([[3.0, 0.5, -1.0, -1.5], [1.0, 0.7, -math.inf, -math.inf]]).log_softmax(-1)[:, :3]
+    log_probs = top3  # the 3 best children of 2 nodes; the second node has only 2 possible tokens
+    greedy = child_log_survival(confidence, log_probs, sampled=False)
+    assert (greedy <= 0).all()
+    torch.testing.assert_close(greedy[:, 0], confidence.log())
+    assert (greedy.exp().sum(-1) <= 1 + 1e-6).all()  # at most one child is the accepted one
+    sampled = child_log_survival(confidence, log_probs, sampled=True)
+    shuffled = child_log_survival(
+        confidence, torch.tensor([[-3.0, -0.2, -0.4], [-0.1, -5.0, -math.inf]]), True
+    )
+    torch.testing.assert_close(sampled, shuffled)  # rank, not token, decides
+    assert (sampled[:, 1:] <= sampled[:, :-1]).all()  # falls with the rank: pruning keeps a prefix
+    assert sampled[1, 2] == -math.inf  # a child that cannot be drawn is never kept first
+
+
+# --- the decoder with confidence on ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_llama(num_layers=2, vocab_size=128, hidden_size=32, seed=0)
+
+
+@pytest.fixture(scope="module")
+def reference(target):
+    outputs = []
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        generated = target.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS
+        )
+        outputs.append(generated[0, len(prompt) :].tolist())
+    return outputs
+
+
+def eagle_drafter(target, kind: str) -> LMDrafter:
+    vocab = target.config.vocab_size
+    draft_ids = torch.tensor([i for i in range(vocab) if i % 16 != 15])
+    if kind == "good":
+        return LMDrafter(
+            perturbed_copy(target, noise=0.05), target_layer_ids=(1, 0), draft_token_ids=draft_ids
+        )
+    return LMDrafter(tiny_llama(seed=7, vocab_size=vocab), target_layer_ids=(0,), draft_token_ids=draft_ids)
+
+
+DRAFTINGS = {
+    "threshold": lambda: ChainDrafting(ConfidenceThreshold(max_draft_len=6, threshold=0.4)),
+    "expected-gain": lambda: ChainDrafting(ExpectedGain(max_draft_len=6, alpha=0.05, beta_per_token=0.05)),
+    "tree": lambda: TreeDrafting(depth=4, top_k=3, budget=10, by_confidence=True),
+}
+
+
+@pytest.mark.parametrize("drafting", DRAFTINGS)
+@pytest.mark.parametrize("kind", ["random", "good"])
+def test_greedy_output_is_the_targets_own_with_confidence_on(target, reference, drafting, kind):
+    decoder = SpeculativeDecoder(
+        target,
+        eagle_drafter(target, kind),
+        DRAFTINGS[drafting](),
+        MAX_LEN,
+        confidence=confidence_head(target),
+    )
+    accepted, lengths = 0, set()
+    for prompt, expected in zip(PROMPTS, reference):
+        out = decoder.generate(prompt, NEW_TOKENS)
+        assert out.tokens == expected
+        accepted += out.metrics.accepted_draft_tokens
+        lengths |= {record.logits.numel() for record in out.confidence}
+    if kind == "good":
+        assert accepted > NEW_TOKENS  # the accept path is exercised, not just rejections
+    if drafting != "tree":
+        assert len(lengths) > 1  # the draft length really varied
+
+
+def test_chain_rounds_record_their_confidences_and_acceptance(target):
+    head = confidence_head(target)
+    decoder = SpeculativeDecoder(
+        target,
+        eagle_drafter(target, "good"),
+        ChainDrafting(StaticDraftLength(4)),
+        MAX_LEN,
+        eos_token_id=[],
+        confidence=head,
+    )
+    out = decoder.generate(PROMPTS[0], NEW_TOKENS)
+    assert len(out.confidence) == out.metrics.proposed_per_position[0]  # the rounds that drafted
+    assert sum(record.accepted for record in out.confidence) == out.metrics.accepted_draft_tokens
+    assert [r.logits.numel() for r in out.confidence] == [min(4, n) for n in _drafts_allowed(out)]
+
+
+def _drafts_allowed(out) -> list[int]:
+    """Drafts each round could propose: capped by the tokens left to generate."""
+    left, allowed = NEW_TOKENS - 1, []
+    for record in out.confidence:
+        allowed.append(left - 1)
+        left -= record.accepted + 1
+    return allowed
+
+
+def test_the_draft_length_adapts_within_a_request(target):
+    """A confident head over a drafter that is almost never right: as rejections pile up, the
+    running correction lowers the confidences and the rounds get shorter."""
+    policy = ConfidenceThreshold(max_draft_len=6, threshold=0.5, adapt_rate=0.3)
+    decoder = SpeculativeDecoder(
+        target,
+        eagle_drafter(target, "random"),
+        ChainDrafting(policy),
+        MAX_LEN,
+        eos_token_id=[],
+        confidence=confidence_head(target, bias=4.0, scale=0.1),
+    )
+    lengths = [record.logits.numel() for record in decoder.generate(PROMPTS[0], NEW_TOKENS).confidence]
+    assert lengths[0] == 6 and lengths[-1] < 3
+    again = [record.logits.numel() for record in decoder.generate(PROMPTS[0], NEW_TOKENS).confidence]
+    assert again == lengths  # each request starts afresh
+
+
+def test_confidence_settings_the_decoder_cannot_honour_are_refused(target):
+    drafter = eagle_drafter(target, "random")
+    with pytest.raises(ValueError, match="ranks drafts by confidence: pass the decoder confidence="):
+        SpeculativeDecoder(target, drafter, DRAFTINGS["threshold"](), MAX_LEN)
+    with pytest.raises(ValueError, match="ranks drafts by confidence"):
+        SpeculativeDecoder(target, drafter, DRAFTINGS["tree"](), MAX_LEN)
+    with pytest.raises(ValueError, match="static Medusa tree does not use a confidence head"):
+        SpeculativeDecoder(
+            target, TinyMedusa(target), MedusaTreeDrafting(), MAX_LEN, confidence=confidence_head(target)
+        )
+
+
+SAMPLED_DRAFTINGS = {
+    "threshold": lambda: ChainDrafting(ConfidenceThreshold(max_draft_len=3, threshold=0.5)),
+    "tree": lambda: TreeDrafting(depth=3, top_k=2, budget=4, by_confidence=True),
+}
+
+
+@pytest.mark.parametrize("drafting", SAMPLED_DRAFTINGS)
+def test_sampled_generations_follow_the_target_with_confidence_on(drafting):
+    """As test_decoder's end-to-end check (T = 0.9, top_p = 0.95, 4-token vocabulary, 600 runs),
+    with the draft length / the kept tree nodes chosen by the confidence head."""
+    vocab, prompt, runs, sampling = 4, [1, 0, 3], 600, SamplingParams(temperature=0.9, top_p=0.95)
+    target = tiny_llama(vocab_size=vocab, seed=2)
+    drafter = LMDrafter(perturbed_copy(target, noise=0.5), draft_token_ids=torch.tensor([0, 1, 2]))
+    head = confidence_head(target, bias=0.5, scale=3.0)
+    decoder = SpeculativeDecoder(
+        target, drafter, SAMPLED_DRAFTINGS[drafting](), 8, eos_token_id=[], confidence=head
+    )
+    generator = torch.Generator().manual_seed(0)
+    samples, accepted, lengths = [], 0, set()
+    for _ in range(runs):
+        out = decoder.generate(prompt, 5, sampling, generator)
+        samples.append(out.tokens[0] * vocab**2 + out.tokens[1] * vocab + out.tokens[2])
+        accepted += out.metrics.accepted_draft_tokens
+        lengths |= {record.logits.numel() for record in out.confidence}
+    assert 0 < accepted < 4 * runs
+    if drafting == "threshold":
+        assert len(lengths) > 1
+    statistic, dof = chi_square(torch.tensor(samples), exact_continuations(target, prompt, 3, sampling))
+    assert statistic < chi_square_critical(dof)
