@@ -42,7 +42,9 @@ def tree_layout(parents: torch.Tensor, max_depth: int, max_children: int) -> Tre
     # With no prefix and N mask columns, the attention mask is the ancestor matrix.
     metadata = kernel("tree_metadata", parents.device)
     tables = metadata(parents.unsqueeze(0), prefix, num_nodes, max_depth, max_children)
-    return TreeLayout(parents, tables.positions[0], tables.attn_mask[0, 0], tables.children[0], max_depth, max_children)
+    return TreeLayout(
+        parents, tables.positions[0], tables.attn_mask[0, 0], tables.children[0], max_depth, max_children
+    )
 
 
 def chain_layout(length: int, device: torch.device | str = "cpu") -> TreeLayout:

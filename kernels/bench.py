@@ -1,4 +1,5 @@
-"""Time each kernel against its torch reference and against the floor, on a GPU.
+"""Time each kernel against its torch reference and against the floor, on a GPU, and the
+decoder's per-round time with and without the kernels.
 
     python -m kernels.bench             # one CUDA GPU, Llama-3-8B shapes in bf16, < 5 minutes
     python -m kernels.bench --dry-run   # tiny CPU tensors, references only: checks the harness
@@ -6,20 +7,24 @@
 The floor of a call is max(bytes moved / copy bandwidth, matmul FLOPs / matmul rate), both
 measured here: bandwidth by a large device-to-device copy, the rate by a large bf16 matmul.
 Bytes count each input read and each output written once; FLOPs count the logits and the two
-gradient products once (no recomputation). The table comes last, with the card and commit, for
-the repo's benchmark notes.
+gradient products once (no recomputation). Tree verification reads only the rows of the nodes
+on the accepted path (kernels/bench_tree.py); a decoder round reads the target's weights once
+(kernels/bench_decoder.py). The table comes last, with the card and commit, for the repo's
+benchmark notes.
 """
 
 import argparse
 import datetime
-import statistics
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
+from kernels.bench_decoder import DRY_RUN_DECODER_SIZES, GPU_DECODER_SIZES, decoder_rows
+from kernels.bench_timing import Row, time_per_call
+from kernels.bench_tree import DRY_RUN_TREE_SIZES, GPU_TREE_SIZES, SAMPLINGS, metadata_rows, verify_rows
 from kernels.registry import kernel
 
 DEADLINE_S = 240  # stop starting new cases after this, so a run stays under 5 minutes
@@ -75,36 +80,6 @@ DRY_RUN_SIZES = Sizes(
     warmup=1,
     iters=2,
 )
-
-
-@dataclass
-class Row:
-    op: str
-    shape: str
-    impl: str
-    seconds: float | None  # per call; None when not run
-    floor_seconds: float | None
-    check: str  # agreement with the reference, or why the row was not run
-
-
-def time_per_call(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> float:
-    """Median seconds per call: CUDA events on a GPU, the wall clock on CPU."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            begin = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - begin)
-    return statistics.median(times)
 
 
 def measure_bandwidth(device: torch.device, sizes: Sizes) -> float:
@@ -216,7 +191,7 @@ def format_table(rows: list[Row]) -> str:
     for row in rows:
         ran = row.seconds is not None and row.floor_seconds is not None
         ms = f"{row.seconds * 1e3:.3f}" if ran else "-"
-        floor_ms = f"{row.floor_seconds * 1e3:.4f}" if ran else "-"
+        floor_ms = f"{row.floor_seconds * 1e3:.3g}" if ran else "-"
         ratio = f"{row.seconds / row.floor_seconds:.1f}" if ran else "-"
         lines.append((row.op, row.shape, row.impl, ms, floor_ms, ratio, row.check))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
@@ -243,9 +218,11 @@ def main(argv: list[str] | None = None) -> str:
     options = parser.parse_args(argv)
     if options.dry_run:
         device, dtype, sizes, impls = torch.device("cpu"), torch.float32, DRY_RUN_SIZES, ["reference"]
+        tree_sizes, decoder_sizes = DRY_RUN_TREE_SIZES, DRY_RUN_DECODER_SIZES
         card = "CPU (dry run: the harness only, not a measurement)"
     elif torch.cuda.is_available():
         device, dtype, sizes, impls = torch.device("cuda"), torch.bfloat16, GPU_SIZES, ["reference", "triton"]
+        tree_sizes, decoder_sizes = GPU_TREE_SIZES, GPU_DECODER_SIZES
         card = torch.cuda.get_device_name(device)
     else:
         raise SystemExit(
@@ -255,14 +232,28 @@ def main(argv: list[str] | None = None) -> str:
     begin = time.monotonic()
     bandwidth = measure_bandwidth(device, sizes)
     matmul_rate = measure_matmul_rate(device, dtype, sizes)
+    common = (device, dtype)
+    cases = [("kv_compact", f"B={b}", partial(_kv_compact_rows, b, *common, sizes)) for b in sizes.batches]
+    cases += [
+        ("tree_metadata", f"B={b}", partial(metadata_rows, b, *common, tree_sizes))
+        for b in tree_sizes.batches
+    ]
+    cases += [
+        ("tree_verify", f"B={b} {name}", partial(verify_rows, b, *common, tree_sizes, sampling_name=name))
+        for b in tree_sizes.batches
+        for name in SAMPLINGS
+    ]
+    cases.append(("decoder round", "8B-shape target", partial(decoder_rows, *common, decoder_sizes)))
+    cases += [
+        ("soft_kl", f"N={n}", partial(_soft_kl_rows, n, *common, sizes, matmul_rate=matmul_rate))
+        for n in sizes.kl_rows
+    ]
     rows = []
-    cases = [("soft_kl", n, _soft_kl_rows, (matmul_rate,)) for n in sizes.kl_rows]
-    cases += [("kv_compact", b, _kv_compact_rows, ()) for b in sizes.batches]
-    for op, size, run_case, extra in cases:
+    for op, label, run_case in cases:
         if time.monotonic() - begin > DEADLINE_S:
-            rows.append(Row(op, str(size), "-", None, None, f"skipped: past the {DEADLINE_S} s deadline"))
+            rows.append(Row(op, label, "-", None, None, f"skipped: past the {DEADLINE_S} s deadline"))
             continue
-        rows += run_case(size, device, dtype, sizes, impls, bandwidth, *extra)
+        rows += run_case(impls=impls, bandwidth=bandwidth)
     report = "\n".join(
         [
             f"card: {card}; date: {datetime.date.today()}; commit: {_commit()}; "

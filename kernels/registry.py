@@ -32,6 +32,13 @@ OPS: dict[str, KernelOp] = {
     "kv_compact": KernelOp(
         "kernels.kv_compact_reference:compact_kv_reference", "kernels.kv_compact:compact_kv_triton"
     ),
+    "tree_verify": KernelOp(
+        "kernels.tree_verify_reference:tree_verify_reference", "kernels.tree_verify:tree_verify_triton"
+    ),
+    "tree_metadata": KernelOp(
+        "kernels.tree_metadata_reference:tree_metadata_reference",
+        "kernels.tree_metadata:tree_metadata_triton",
+    ),
 }
 
 

@@ -1,9 +1,12 @@
 """The GPU benchmark cannot run here; its harness runs on tiny CPU tensors (--dry-run)."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from kernels import bench
+from kernels import bench, bench_decoder, bench_tree
+from kernels.bench_decoder import DRY_RUN_DECODER_SIZES
 
 
 def test_dry_run_times_every_case_and_prints_the_table_last(capsys):
@@ -16,8 +19,28 @@ def test_dry_run_times_every_case_and_prints_the_table_last(capsys):
     ops = [row[0].strip() for row in rows]
     assert ops.count("soft_kl forward") == ops.count("soft_kl forward+backward") == 1
     assert ops.count("kv_compact") == len(bench.DRY_RUN_SIZES.batches)
+    tree_batches = len(bench_tree.DRY_RUN_TREE_SIZES.batches)
+    assert ops.count("tree_metadata") == tree_batches
+    assert ops.count("tree_verify") == tree_batches * len(bench_tree.SAMPLINGS)
+    assert ops.count("decoder round") == len(DRY_RUN_DECODER_SIZES.trees) * len(bench_decoder.SAMPLINGS)
     for row in rows:
         assert float(row[3]) > 0 and float(row[4]) > 0  # ms per call and floor both measured
+
+
+def test_the_gpu_rows_compare_kernel_and_reference():
+    """What only a GPU run reaches, run here with the kernels in the interpreter: each kernel
+    row checks its outputs against the reference's, the decoder its tokens."""
+    cpu, sizes, impls = torch.device("cpu"), bench_tree.DRY_RUN_TREE_SIZES, ["reference", "triton"]
+    rows = bench_tree.metadata_rows(2, cpu, torch.float32, sizes, impls, bandwidth=1e10)
+    for sampling in ("greedy", "T=0.7 top-k 50 top-p 0.9"):
+        rows += bench_tree.verify_rows(2, cpu, torch.bfloat16, sizes, impls, 1e10, sampling)
+    one_tree = dataclasses.replace(DRY_RUN_DECODER_SIZES, new_tokens=3)
+    rows += bench_decoder.decoder_rows(cpu, torch.float32, one_tree, impls, bandwidth=1e10)
+    kernel_rows = [row for row in rows if row.impl == "triton"]
+    assert len(kernel_rows) == len(rows) // 2
+    for row in kernel_rows:
+        expected = "same tokens as reference" if row.op == "decoder round" else "identical"
+        assert expected in row.check, (row.op, row.shape, row.check)
 
 
 def test_without_cuda_it_says_so(monkeypatch):

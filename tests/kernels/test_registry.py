@@ -9,6 +9,8 @@ def test_auto_picks_the_reference_on_cpu_and_the_kernel_on_cuda(monkeypatch):
     monkeypatch.delenv(registry.ENV_VAR, raising=False)
     assert registry.kernel("soft_kl", "cpu").__name__ == "soft_kl_reference"
     assert registry.kernel("kv_compact", "cpu").__name__ == "compact_kv_reference"
+    assert registry.kernel("tree_verify", "cpu").__name__ == "tree_verify_reference"
+    assert registry.kernel("tree_metadata", "cpu").__name__ == "tree_metadata_reference"
     assert registry.resolve_impl("cuda") == "triton"
     assert registry.resolve_impl("cuda", impl="reference") == "reference"
 
@@ -19,6 +21,8 @@ def test_the_argument_overrides_the_environment(monkeypatch):
     assert registry.kernel("soft_kl", "cpu", impl="triton").__name__ == "fused_soft_kl"  # interpreter on
     monkeypatch.setenv(registry.ENV_VAR, "triton")
     assert registry.kernel("kv_compact", "cpu").__name__ == "compact_kv_triton"
+    assert registry.kernel("tree_verify", "cpu").__name__ == "tree_verify_triton"
+    assert registry.kernel("tree_metadata", "cpu").__name__ == "tree_metadata_triton"
 
 
 def test_triton_on_cpu_without_the_interpreter_is_an_error(monkeypatch):
