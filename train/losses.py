@@ -18,70 +18,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.registry import kernel
+
 STEP_DECAY = 0.8  # weight 0.8^k of TTT step k / Medusa head k (EAGLE, Medusa papers)
 EAGLE1_CE_WEIGHT = 0.1  # EAGLE-1: SmoothL1(feature) + 0.1 x soft CE
-
-
-class _ChunkedSoftKL(torch.autograd.Function):
-    """Σ_rows row_weight · KL(softmax(target_hidden Wtᵀ) || softmax(draft_hidden Wdᵀ)).
-
-    The gradients are computed chunk by chunk during the forward (the loss is a scalar, so the
-    backward only scales them), so neither pass keeps any chunk's logits alive.
-    """
-
-    @staticmethod
-    def forward(
-        ctx, draft_hidden, draft_weight, target_hidden, target_weight, row_weights, chunk_size, with_grad
-    ):
-        need_hidden_grad = with_grad and ctx.needs_input_grad[0]
-        need_weight_grad = with_grad and ctx.needs_input_grad[1]
-        num_rows = draft_hidden.shape[0]
-        loss = torch.zeros((), dtype=torch.float32, device=draft_hidden.device)
-        draft_argmax = torch.empty(num_rows, dtype=torch.int64, device=draft_hidden.device)
-        target_argmax = torch.empty_like(draft_argmax)
-        grad_hidden = torch.zeros_like(draft_hidden) if need_hidden_grad else None
-        grad_weight = (
-            torch.zeros(draft_weight.shape, dtype=torch.float32, device=draft_weight.device)
-            if need_weight_grad
-            else None
-        )
-        for start in range(0, num_rows, chunk_size):
-            rows = slice(start, start + chunk_size)
-            hidden = draft_hidden[rows]
-            draft_logits = (hidden @ draft_weight.T).float()  # [n, V]
-            target_logits = (target_hidden[rows] @ target_weight.T).float()  # [n, V]
-            draft_logprobs = F.log_softmax(draft_logits, dim=-1)
-            target_logprobs = F.log_softmax(target_logits, dim=-1)
-            target_probs = target_logprobs.exp()
-            weights = row_weights[rows].float()[:, None]  # [n, 1]
-            used = weights > 0  # rows outside the mask contribute nothing, not even a NaN
-            kl_rows = (target_probs * (target_logprobs - draft_logprobs)).sum(-1, keepdim=True)
-            loss += torch.where(used, kl_rows * weights, 0).sum()
-            draft_argmax[rows] = draft_logits.argmax(-1)
-            target_argmax[rows] = target_logits.argmax(-1)
-            if need_hidden_grad or need_weight_grad:
-                # d loss / d draft_logits of a weighted KL row: weight x (draft_probs - target_probs).
-                grad_logits = torch.where(used, (draft_logprobs.exp() - target_probs) * weights, 0)
-                if need_hidden_grad:
-                    grad_hidden[rows] = (grad_logits.to(draft_weight.dtype) @ draft_weight).to(
-                        grad_hidden.dtype
-                    )
-                if need_weight_grad:
-                    used_hidden = torch.where(used, hidden, 0)  # 0 x NaN would still be NaN
-                    grad_weight += (grad_logits.T.to(hidden.dtype) @ used_hidden).float()
-        ctx.save_for_backward(grad_hidden, grad_weight)
-        ctx.weight_dtype = draft_weight.dtype
-        ctx.mark_non_differentiable(draft_argmax, target_argmax)
-        return loss, draft_argmax, target_argmax
-
-    @staticmethod
-    def backward(ctx, grad_loss, _grad_draft_argmax, _grad_target_argmax):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        draft_hidden_grad = grad_hidden * grad_loss if grad_hidden is not None else None
-        draft_weight_grad = (
-            (grad_weight * grad_loss).to(ctx.weight_dtype) if grad_weight is not None else None
-        )
-        return draft_hidden_grad, draft_weight_grad, None, None, None, None, None
 
 
 @dataclass
@@ -117,16 +57,10 @@ def chunked_soft_kl(
     mask = loss_mask.bool()
     tokens = mask.sum()
     row_weights = mask.float() / tokens.clamp(min=1)
-    # Grad mode is off inside an autograd.Function's forward, so ask here whether to build gradients.
-    with_grad = torch.is_grad_enabled() and (draft_hidden.requires_grad or draft_weight.requires_grad)
-    loss, draft_argmax, target_argmax = _ChunkedSoftKL.apply(
-        draft_hidden,
-        draft_weight,
-        target_hidden.detach(),
-        target_weight.detach(),
-        row_weights,
-        chunk_size,
-        with_grad,
+    # The fused Triton kernel on CUDA, its torch reference (chunked, same maths) elsewhere.
+    soft_kl = kernel("soft_kl", draft_hidden.device)
+    loss, draft_argmax, target_argmax = soft_kl(
+        draft_hidden, draft_weight, target_hidden.detach(), target_weight.detach(), row_weights, chunk_size
     )
     return SoftKL(loss=loss, draft_argmax=draft_argmax, target_argmax=target_argmax, tokens=tokens)
 
@@ -206,7 +140,7 @@ class _TTTSoftKL(torch.autograd.Function):
     Target row r is scored by every TTT step (draft row draft_rows[k, r] of step k), so the loop
     runs over chunks of target rows: each chunk is projected once and reused by all K steps,
     and no more than one chunk x vocab block of logits per side exists at a time. Gradients are
-    built during the forward, as in _ChunkedSoftKL.
+    built during the forward, as in kernels/soft_kl_reference.py.
     """
 
     @staticmethod

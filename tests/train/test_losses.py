@@ -199,9 +199,9 @@ def _ttt_inputs(batch=3, seq=11, hidden=6, vocab=40, draft_vocab=17, steps=4, se
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4, 9, 27, 1000])  # 27 = B * (T - 2): one chunk
-@pytest.mark.parametrize("seed", [0, 1])
-def test_shared_target_path_equals_the_per_step_formula(chunk_size, seed):
-    inputs = _ttt_inputs(seed=seed)
+@pytest.mark.parametrize("seed,draft_vocab", [(0, 17), (1, 40)])  # 40: the full vocab
+def test_shared_target_path_equals_the_per_step_formula(chunk_size, seed, draft_vocab):
+    inputs = _ttt_inputs(draft_vocab=draft_vocab, seed=seed)
     states, draft_lm_head = inputs[0], inputs[1]
     result = eagle3_ttt_loss(*inputs, chunk_size=chunk_size)
     total, step_losses, step_accuracy, step_tokens, outside_mass, coverage = _per_step_ttt_loss(
