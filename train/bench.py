@@ -6,11 +6,12 @@
 A step is what train/trainer.py runs: features (online: the target's forward; offline: a read
 from a hidden-state cache built first) -> head forward -> loss -> backward -> clip -> optimizer
 step. Target tokens are the batch's non-pad tokens. Every configuration (fp32 / bf16 autocast x
-online / offline) gets a fresh head, its own warm-up, then the same batches, all in one process;
-the table comes last, with each configuration's peak RSS (the kernel's counter is reset before
-each one; memory the allocator kept from earlier ones still counts). bf16 autocast is ~25x
-slower than fp32 on CPUs without avx512_bf16, so it runs fewer steps (--bf16-steps) or none
-(--skip-bf16).
+online / offline) gets a fresh head, its own warm-up, then batches in a fixed order (online and
+offline read the same ones), all in one process. The table comes last, with each configuration's
+peak RSS (the kernel's counter is reset before each one; memory the allocator kept from earlier
+ones still counts). bf16 autocast is ~25x
+slower than fp32 on CPUs without avx512_bf16, so it runs fewer steps (--bf16-steps, no warm-up
+by default) or none (--skip-bf16).
 """
 
 import argparse
@@ -56,7 +57,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--conversations", type=int, default=60, help="conversations to prepare")
     parser.add_argument("--steps", type=int, default=4, help="measured steps per fp32 configuration")
     parser.add_argument("--bf16-steps", type=int, default=1, help="measured steps per bf16 configuration")
-    parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps before each configuration")
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="unmeasured steps before each fp32 configuration"
+    )
+    parser.add_argument(
+        "--bf16-warmup", type=int, default=0, help="unmeasured steps before each bf16 configuration"
+    )
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--max-length", type=int, default=512, help="tokens per row (longer rows are cut)")
     parser.add_argument("--draft-vocab", type=int, default=HeadConfig.draft_vocab_size, help="0 = full vocab")
@@ -81,8 +87,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)}: expected at least 1")
-    if args.warmup < 0:
-        parser.error(f"--warmup={args.warmup}: expected 0 or more")
+    for name in ("warmup", "bf16_warmup"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)}: expected 0 or more")
     return args
 
 
@@ -110,10 +117,9 @@ class Workload:
     rows: Dataset  # the rows the steps read, in order, cycled
     head_cfg: HeadConfig
     train_cfg: TrainConfig
-    warmup: int
 
 
-def measure(work: Workload, cache: HiddenCache | None, precision: str, steps: int) -> Result:
+def measure(work: Workload, cache: HiddenCache | None, precision: str, warmup: int, steps: int) -> Result:
     """Warm-up, then `steps` timed optimizer steps of a fresh head over the same batches."""
     target, rows, train_cfg = work.target, work.rows, work.train_cfg
     torch.manual_seed(0)
@@ -138,10 +144,10 @@ def measure(work: Workload, cache: HiddenCache | None, precision: str, steps: in
         return int(batch["attention_mask"].sum())
 
     resettable = _reset_peak_rss()
-    for index in range(work.warmup):
+    for index in range(warmup):
         step(index)
     start, tokens = time.perf_counter(), 0
-    for index in range(work.warmup, work.warmup + steps):
+    for index in range(warmup, warmup + steps):
         tokens += step(index)
     seconds = time.perf_counter() - start
     mode = "online" if cache is None else "offline"
@@ -166,7 +172,7 @@ def run(args: argparse.Namespace, work_dir: Path) -> list[Result]:
     )
     prepared = prepare_dataset(data_cfg, target.tokenizer, work_dir / "data")
     # Only the rows the steps read: the offline cache then holds just those.
-    needed = (args.warmup + max(args.steps, args.bf16_steps)) * args.batch_size
+    needed = max(args.warmup + args.steps, args.bf16_warmup + args.bf16_steps) * args.batch_size
     work = Workload(
         target=target,
         train_rows=prepared.train,
@@ -179,7 +185,6 @@ def run(args: argparse.Namespace, work_dir: Path) -> list[Result]:
         train_cfg=TrainConfig(
             ttt_steps=args.ttt_steps, batch_size=args.batch_size, loss_chunk_tokens=args.chunk_tokens
         ),
-        warmup=args.warmup,
     )
     layer_ids, cache_dir = work.head_cfg.layer_ids, work_dir / "hidden_cache"
     start = time.perf_counter()
@@ -187,11 +192,13 @@ def run(args: argparse.Namespace, work_dir: Path) -> list[Result]:
     cache = HiddenCache(cache_dir, target, layer_ids, len(work.rows))
     print(f"hidden-state cache: {len(work.rows)} rows in {time.perf_counter() - start:.1f} s", flush=True)
 
-    plan = [("fp32", args.steps)] + ([] if args.skip_bf16 else [("bf16", args.bf16_steps)])
+    plan = [("fp32", args.warmup, args.steps)]
+    if not args.skip_bf16:
+        plan.append(("bf16", args.bf16_warmup, args.bf16_steps))
     results = []
-    for precision, steps in plan:
+    for precision, warmup, steps in plan:
         for source in (None, cache):
-            result = measure(work, source, precision, steps)
+            result = measure(work, source, precision, warmup, steps)
             print(
                 f"{result.hidden_states} {precision}: {result.tokens_per_s:.1f} tokens/s "
                 f"({result.seconds / steps:.2f} s/step)",
