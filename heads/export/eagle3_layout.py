@@ -8,8 +8,10 @@ embedding are stored, and in how the config names things (their modules say).
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch import nn
 
 from heads.blocks import LayerGeometry
 from heads.draft_vocab import DraftVocab
@@ -169,3 +171,33 @@ def aux_layer_ids(ids, key: str, where: str) -> list[int] | None:
     if not isinstance(ids, list) or len(ids) != 3 or not all(isinstance(i, int) for i in ids):
         raise ValueError(f"{where}: config key {key!r} = {ids!r} must list 3 layer ids")
     return ids
+
+
+class Eagle3Layout:
+    """What the three EAGLE-3 layouts share: their tensor table and loader, parametrised by the
+    layer prefix and by whether the draft-vocab map may be left out (full-vocab heads)."""
+
+    name: str
+    layer_prefix: str
+    map_always_stored: bool  # True: d2t/t2d are required even for a full-vocab head
+    map_optional: tuple[str, ...] = ()
+
+    def fields(self, config: dict[str, Any], where: str) -> Eagle3Fields:
+        raise NotImplementedError
+
+    def expected(self, config: dict[str, Any], target: TargetWeights, where: str) -> dict[str, TensorSpec]:
+        fields = self.fields(config, where)
+        vocab_map = self.map_always_stored or fields.draft_vocab_size < fields.vocab_size
+        return eagle3_specs(fields, self.layer_prefix, vocab_map=vocab_map, map_optional=self.map_optional)
+
+    def load(
+        self,
+        config: dict[str, Any],
+        tensors: dict[str, torch.Tensor],
+        target: TargetWeights,
+        float_dtype: torch.dtype,
+        where: str,
+    ) -> nn.Module:
+        return eagle3_load(
+            self.fields(config, where), tensors, target, self.name, self.layer_prefix, float_dtype, where
+        )

@@ -16,22 +16,19 @@ Checked against SGLang 0.5.23 (PyPI wheel): srt/models/llama_eagle3.py (`LlamaMo
 from typing import Any
 
 import torch
-from torch import nn
 
 from heads.eagle3 import Eagle3Head
 from heads.export.card import DrafterMeta, drafter_section
 from heads.export.eagle3_layout import (
     Eagle3Fields,
+    Eagle3Layout,
     aux_layer_ids,
     check_eagle3_switches,
-    eagle3_load,
-    eagle3_specs,
     eagle3_tensors,
 )
 from heads.export.layer_ids import to_engine_layer_ids
 from heads.export.layouts import (
     TargetWeights,
-    TensorSpec,
     rename_prefix,
     require_keys,
     require_value,
@@ -44,7 +41,9 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 LAYER_PREFIX = "midlayer."
 
 
-class SGLangEagle3:
+class SGLangEagle3(Eagle3Layout):
+    layer_prefix = LAYER_PREFIX
+    map_always_stored = True
     name = "sglang"
     kind = "eagle3"
     weights_file = WEIGHTS_FILE
@@ -101,19 +100,4 @@ class SGLangEagle3:
                 "eagle_config.eagle_aux_hidden_state_layer_ids",
                 where,
             ),
-        )
-
-    def expected(self, config: dict[str, Any], target: TargetWeights, where: str) -> dict[str, TensorSpec]:
-        return eagle3_specs(self.fields(config, where), LAYER_PREFIX, vocab_map=True)
-
-    def load(
-        self,
-        config: dict[str, Any],
-        tensors: dict[str, torch.Tensor],
-        target: TargetWeights,
-        float_dtype: torch.dtype,
-        where: str,
-    ) -> nn.Module:
-        return eagle3_load(
-            self.fields(config, where), tensors, target, self.name, LAYER_PREFIX, float_dtype, where
         )

@@ -22,20 +22,18 @@ vLLM 0.33.0 (transformers_utils/config.py, which treats a config holding
 from typing import Any
 
 import torch
-from torch import nn
 
 from heads.eagle3 import Eagle3Head
 from heads.export.card import DrafterMeta, drafter_section
 from heads.export.eagle3_layout import (
     Eagle3Fields,
+    Eagle3Layout,
     aux_layer_ids,
     check_eagle3_switches,
-    eagle3_load,
-    eagle3_specs,
     eagle3_tensors,
 )
 from heads.export.layer_ids import to_engine_layer_ids
-from heads.export.layouts import TargetWeights, TensorSpec, require_keys, require_value, trained_dtype_name
+from heads.export.layouts import TargetWeights, require_keys, require_value, trained_dtype_name
 from heads.export.llama_config import geometry_from_fields, llama_fields
 from heads.registry import WEIGHTS_FILE
 
@@ -43,7 +41,10 @@ SPECULATORS_VERSION = "0.9.0"  # the release whose layout this module follows
 LAYER_PREFIX = "layers.0."
 
 
-class SpeculatorsEagle3:
+class SpeculatorsEagle3(Eagle3Layout):
+    layer_prefix = LAYER_PREFIX
+    map_always_stored = False
+    map_optional = ("t2d",)
     name = "speculators"
     kind = "eagle3"
     weights_file = WEIGHTS_FILE
@@ -115,21 +116,4 @@ class SpeculatorsEagle3:
             aux_layer_ids=aux_layer_ids(
                 config.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids", where
             ),
-        )
-
-    def expected(self, config: dict[str, Any], target: TargetWeights, where: str) -> dict[str, TensorSpec]:
-        fields = self.fields(config, where)
-        reduced = fields.draft_vocab_size < fields.vocab_size
-        return eagle3_specs(fields, LAYER_PREFIX, vocab_map=reduced, map_optional=("t2d",))
-
-    def load(
-        self,
-        config: dict[str, Any],
-        tensors: dict[str, torch.Tensor],
-        target: TargetWeights,
-        float_dtype: torch.dtype,
-        where: str,
-    ) -> nn.Module:
-        return eagle3_load(
-            self.fields(config, where), tensors, target, self.name, LAYER_PREFIX, float_dtype, where
         )

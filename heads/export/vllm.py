@@ -34,10 +34,9 @@ from heads.eagle3 import Eagle3Head
 from heads.export.card import DrafterMeta, drafter_section
 from heads.export.eagle3_layout import (
     Eagle3Fields,
+    Eagle3Layout,
     aux_layer_ids,
     check_eagle3_switches,
-    eagle3_load,
-    eagle3_specs,
     eagle3_tensors,
 )
 from heads.export.layer_ids import to_engine_layer_ids
@@ -66,7 +65,10 @@ def _check_architectures(config: dict[str, Any], allowed: tuple[str, ...], where
         raise ValueError(f"{where}: config key 'architectures' = {names!r} names none of {list(allowed)}")
 
 
-class VLLMEagle3:
+class VLLMEagle3(Eagle3Layout):
+    layer_prefix = LAYER_PREFIX
+    map_always_stored = False
+    map_optional = ("t2d",)
     name = "vllm"
     kind = "eagle3"
     weights_file = WEIGHTS_FILE
@@ -124,23 +126,6 @@ class VLLMEagle3:
             aux_layer_ids=aux_layer_ids(
                 config.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids", where
             ),
-        )
-
-    def expected(self, config: dict[str, Any], target: TargetWeights, where: str) -> dict[str, TensorSpec]:
-        fields = self.fields(config, where)
-        reduced = fields.draft_vocab_size < fields.vocab_size
-        return eagle3_specs(fields, LAYER_PREFIX, vocab_map=reduced, map_optional=("t2d",))
-
-    def load(
-        self,
-        config: dict[str, Any],
-        tensors: dict[str, torch.Tensor],
-        target: TargetWeights,
-        float_dtype: torch.dtype,
-        where: str,
-    ) -> nn.Module:
-        return eagle3_load(
-            self.fields(config, where), tensors, target, self.name, LAYER_PREFIX, float_dtype, where
         )
 
 
