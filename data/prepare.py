@@ -25,7 +25,8 @@ from tqdm import tqdm
 
 from data.chat_template import ChatEncoder, TokenisedConversation, chat_template_hash
 from data.conversations import Conversation, normalise_all
-from data.sources import SourceSpec, parse_source, read_source, source_fingerprint
+from data.regenerate import RegenerateConfig
+from data.sources import parse_source, read_source, source_fingerprint
 from data.tally import Tally
 from heads.target import tokenizer_hash
 
@@ -53,6 +54,8 @@ class DataConfig:
     # Where default_out_dir puts prepared data (None: ~/.cache/drafter/data). Not part of
     # the content, so changing it does not invalidate prepared data.
     cache_dir: str | None = None
+    # Replace the recorded replies with the target's own (data/regenerate.py) before tokenising.
+    regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
 
     def validate(self) -> None:
         if not self.sources:
@@ -65,6 +68,7 @@ class DataConfig:
             raise ValueError(f"data.max_length={self.max_length}: expected at least 2 tokens")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction={self.val_fraction}: expected a value in [0, 1)")
+        self.regenerate.validate()
 
     def content_key(self) -> dict:
         """The fields that change the prepared data."""
@@ -109,11 +113,14 @@ class PreparedData:
         return "\n".join(lines)
 
 
+def data_cache_root(cfg: DataConfig) -> Path:
+    return Path(cfg.cache_dir) if cfg.cache_dir else Path.home() / ".cache" / "drafter" / "data"
+
+
 def default_out_dir(cfg: DataConfig, tokenizer) -> Path:
     """A cache directory per (content config, tokenizer), so runs that agree share one preparation."""
-    root = Path(cfg.cache_dir) if cfg.cache_dir else Path.home() / ".cache" / "drafter" / "data"
     key = json.dumps([cfg.content_key(), tokenizer_hash(tokenizer)], sort_keys=True)
-    return root / hashlib.sha256(key.encode()).hexdigest()[:16]
+    return data_cache_root(cfg) / hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def _reuse_key(manifest: dict) -> dict:
@@ -134,9 +141,10 @@ def _load_if_unchanged(out_dir: Path, expected: dict) -> PreparedData | None:
     return PreparedData(splits["train"], splits["validation"], manifest, out_dir, reused=True)
 
 
-def _conversations(sources: list[SourceSpec], tally: Tally) -> Iterator[Conversation]:
-    raws = (raw for source in sources for raw in read_source(source, tally))
-    return normalise_all(raws, tally)
+def select_conversations(cfg: DataConfig, tally: Tally) -> Iterator[Conversation]:
+    """The configured conversations, normalised and de-duplicated, in source order."""
+    raws = (raw for spec in cfg.sources for raw in read_source(parse_source(spec), tally))
+    return islice(normalise_all(raws, tally), cfg.max_conversations)
 
 
 def _batches(conversations: Iterator[Conversation], size: int) -> Iterator[list[Conversation]]:
@@ -207,7 +215,7 @@ def prepare_dataset(cfg: DataConfig, tokenizer, out_dir: Path) -> PreparedData:
     tally = Tally()
     rows: list[TokenisedConversation] = []
     total_tokens = 0
-    conversations = islice(_conversations(sources, tally), cfg.max_conversations)
+    conversations = select_conversations(cfg, tally)
     with tqdm(total=cfg.max_conversations, unit="conv", desc="tokenising", dynamic_ncols=True) as progress:
         for batch in _batches(conversations, BATCH_CONVERSATIONS):
             encoded = encoder.encode_batch(batch, tally)

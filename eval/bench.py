@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--mode", default="chain", choices=["chain", "tree"])
     parser.add_argument("--settings", nargs="+", default=["static:4"], help="policy:K, e.g. static:4")
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
+    parser.add_argument(
+        "--cuda-graphs", action=argparse.BooleanOptionalAction, default=True, help="CUDA targets only"
+    )
     args = parser.parse_args(argv)
     target = Target.load(TargetConfig(name=args.target, device="auto"))
     base = EvalConfig(
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         prompts_per_task=args.prompts_per_task,
         max_new_tokens=args.max_new_tokens,
         mode=args.mode,
+        cuda_graphs=args.cuda_graphs,
     )
     settings = [parse_setting(s) for s in args.settings]
     rows = run_bench(target, args.head, args.out, base, settings, args.temperatures)

@@ -35,6 +35,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
+from eval.cuda_graphs import GraphedForward
 from eval.metrics import DecodeMetrics, SpecCounters
 from eval.policies import MAX_DRAFT_LEN, DraftLengthPolicy, DraftStep, child_log_survival
 from eval.target_forward import CachedTarget, TargetStep
@@ -271,10 +272,14 @@ class PlainDecoder:
         eos_token_id: int | Sequence[int] | None = None,
         kv_bucket: int = 128,
         cache_room: int = 0,
+        cuda_graphs: bool = False,
     ):
         """max_len: prompt + new tokens. eos_token_id: None = the model's generation config.
         kv_bucket: attention reads the cache up to the next multiple of it (fewer shapes,
-        less work than the whole cache). cache_room: extra slots for draft tokens."""
+        less work than the whole cache). cache_room: extra slots for draft tokens.
+        cuda_graphs: on a CUDA target, replay forwards of up to cache_room + 1 tokens (decode
+        steps, verification) as CUDA graphs (eval/cuda_graphs.py); attention then always
+        reads the whole cache, so that one graph serves every position."""
         self.target = CachedTarget(target_model)
         limit = target_model.config.max_position_embeddings
         if not 1 <= max_len <= limit:
@@ -287,10 +292,14 @@ class PlainDecoder:
             eos_token_id = []
         self.eos = frozenset([eos_token_id] if isinstance(eos_token_id, int) else map(int, eos_token_id))
         self.max_len = max_len
-        self.kv_bucket = kv_bucket
         self.device = self.target.device
         self.cache_len = max_len + cache_room
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.kv_bucket = self.cache_len if self.cuda_graphs else kv_bucket
         self.cache = self.target.new_cache(1, self.cache_len)
+        self._forward = self._cached_forward
+        if self.cuda_graphs:
+            self._forward = GraphedForward(self._cached_forward, max_tokens=cache_room + 1)
         self.slots = torch.arange(self.cache_len, device=self.device)
         self.vocab_size = target_model.lm_head.weight.shape[0]
 
@@ -331,7 +340,14 @@ class PlainDecoder:
             positions, mask = slots, causal_mask(start, length, self.kv_len(start + length), self.device)
         else:
             positions, mask = tree
-        return self.target.forward(input_ids, positions.unsqueeze(0), self.cache, slots, mask, **kwargs)
+        return self._forward(input_ids, positions.unsqueeze(0), slots, mask, **kwargs)
+
+    def _cached_forward(
+        self, input_ids, positions, slots, mask, layer_ids: Sequence[int] = (), num_logits: int | None = None
+    ) -> TargetStep:
+        return self.target.forward(
+            input_ids, positions, self.cache, slots, mask, tuple(layer_ids), num_logits
+        )
 
     @torch.no_grad()
     def generate(
@@ -365,11 +381,14 @@ class SpeculativeDecoder:
         eos_token_id: int | Sequence[int] | None = None,
         kv_bucket: int = 128,
         confidence: ConfidenceHead | None = None,
+        cuda_graphs: bool = False,
     ):
         """drafting picks the drafter kind: Chain/TreeDrafting for EAGLE heads,
         MedusaTreeDrafting for Medusa heads. Caches are allocated here, once.
         confidence: the drafter's confidence head (on the target's device), for the policies
-        and trees that need one; with it every chain round records its drafts' confidences."""
+        and trees that need one; with it every chain round records its drafts' confidences.
+        cuda_graphs: on CUDA, replay the target's decode and verify forwards and the drafter's
+        steps as CUDA graphs (see PlainDecoder)."""
         _check_confidence(drafting, confidence)
         self.confidence = confidence
         rounds = {
@@ -383,7 +402,9 @@ class SpeculativeDecoder:
         self.drafter = drafter
         self.drafting = drafting
         self.num_positions = drafting.max_depth
-        self.plain = PlainDecoder(target_model, max_len, eos_token_id, kv_bucket, drafting.verify_room)
+        self.plain = PlainDecoder(
+            target_model, max_len, eos_token_id, kv_bucket, drafting.verify_room, cuda_graphs
+        )
         self.device = self.plain.device
         self.layer_ids: list[int] = []
         if isinstance(drafting, MedusaTreeDrafting):
@@ -413,6 +434,16 @@ class SpeculativeDecoder:
         self.drafter_cache = drafter.new_cache(
             1, self.drafter_cache_len, self.device, self.plain.target.dtype
         )
+        self._drafter_step = self._eager_drafter_step
+        if self.plain.cuda_graphs:
+            self._drafter_step = GraphedForward(
+                self._eager_drafter_step,
+                max_tokens=max(drafting.draft_room, drafting.max_depth + 1),
+                token_dim_arg=1,
+            )
+
+    def _eager_drafter_step(self, features, input_ids, positions, cache_positions, mask):
+        return self.drafter.step(features, input_ids, positions, self.drafter_cache, cache_positions, mask)
 
     @torch.no_grad()
     def generate_plain(
@@ -483,8 +514,8 @@ class SpeculativeDecoder:
         start = state.committed - 1 - length
         slots = self.plain.slots[start : start + length]
         mask = causal_mask(start, length, self.drafter_cache_len, self.device)
-        hidden, logits = self.drafter.step(
-            state.pending_features, state.pending_ids, slots.unsqueeze(0), self.drafter_cache, slots, mask
+        hidden, logits = self._drafter_step(
+            state.pending_features, state.pending_ids, slots.unsqueeze(0), slots, mask
         )
         state.pending_ids = state.pending_ids[:, :0]
         state.pending_features = state.pending_features[:, :0]
@@ -528,9 +559,7 @@ class SpeculativeDecoder:
                     break
                 slot = self.plain.slots[position : position + 1]
                 mask = causal_mask(position, 1, self.drafter_cache_len, self.device)
-                hidden, logits = self.drafter.step(
-                    hidden, token.unsqueeze(0), slot.unsqueeze(0), self.drafter_cache, slot, mask
-                )
+                hidden, logits = self._drafter_step(hidden, token.unsqueeze(0), slot.unsqueeze(0), slot, mask)
                 logits = logits[:, -1]
                 position += 1
         draft_tokens = torch.stack(drafts, dim=1) if drafts else state.pending_ids.new_zeros(1, 0)  # [1, k]
@@ -635,11 +664,10 @@ class SpeculativeDecoder:
             mask[0, 0, :, base : base + tree_slots] = ancestors
             positions = torch.full((1, n_exp), base + level - 1, device=self.device)
             parent_tokens = self.draft_token_ids[cand_tokens[-1][expand]]  # [n_exp] target ids
-            hidden, logits = self.drafter.step(
+            hidden, logits = self._drafter_step(
                 front_hidden[expand].unsqueeze(0),
                 parent_tokens.unsqueeze(0),
                 positions,
-                self.drafter_cache,
                 base + own_slots,
                 mask,
             )

@@ -73,6 +73,9 @@ class EvalConfig:
     top_k: int = 0
     # Time the plain loop and HF generate (greedy + prompt lookup) on the same prompts.
     baselines: bool = True
+    # On a CUDA target: replay decode, verify and draft steps as CUDA graphs (eval/cuda_graphs.py).
+    # Ignored on CPU.
+    cuda_graphs: bool = True
     seed: int = 0
 
 
@@ -119,6 +122,7 @@ def make_decoder(
         max_len,
         eos_token_id=target.tokenizer.eos_token_id,
         confidence=confidence,
+        cuda_graphs=cfg.cuda_graphs,
     )
 
 
@@ -152,8 +156,7 @@ def calibrate(
 
 def encode_turn(target: Target, history: list[dict], turn: str) -> list[int]:
     messages = history + [{"role": "user", "content": turn}]
-    ids = target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+    return list(target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
 
 
 class Runner:

@@ -63,7 +63,8 @@ def check_stages(stages: list[str]) -> None:
 
 def run(job: JobConfig) -> dict:
     """Run the configured stages; returns what each produced (paths, summaries)."""
-    from data.prepare import default_out_dir, prepare_dataset
+    from data.prepare import data_cache_root, default_out_dir, prepare_dataset, select_conversations
+    from data.regenerate import regenerate_data
     from heads.target import Target
     from train.trainer import make_accelerator, train
 
@@ -78,8 +79,19 @@ def run(job: JobConfig) -> dict:
         )
     results: dict = {}
     target = Target.load(job.target)
+    data_cfg = job.data
+    if data_cfg.regenerate.enabled:
+        data_cfg = regenerate_data(
+            data_cfg,
+            lambda tally: select_conversations(job.data, tally),
+            target,
+            data_cache_root(job.data),
+            rank=accelerator.process_index,
+            world=accelerator.num_processes,
+            barrier=accelerator.wait_for_everyone,
+        )
     with accelerator.main_process_first():
-        prepared = prepare_dataset(job.data, target.tokenizer, default_out_dir(job.data, target.tokenizer))
+        prepared = prepare_dataset(data_cfg, target.tokenizer, default_out_dir(data_cfg, target.tokenizer))
     if accelerator.is_main_process and "prepare" in job.stages:
         print(prepared.summary(), flush=True)
     results["data_dir"] = str(prepared.out_dir)
@@ -97,6 +109,7 @@ def run(job: JobConfig) -> dict:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return results
 

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# bash eval/gpu_check.sh [HEAD_DIR]      (one GPU, about 5 minutes; run from the repo root)
+# The decoder's GPU check: CUDA-graph and Triton-kernel tests on the device, then the decoding
+# benchmark on CUDA at T=0 and T=1 with CUDA graphs, and at T=0 without them (same run dir,
+# so the graphs' gain is the ratio of the two tables' tokens/s).
+set -euo pipefail
+HEAD=${1:-outputs/eagle3/head}
+OUT=${OUT:-outputs/gpu_check}
+PY=${PY:-.venv/bin/python}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+TRITON_INTERPRET=0 "$PY" -m pytest -q tests/eval/test_cuda_graphs.py tests/kernels
+"$PY" eval/bench.py --head "$HEAD" --out "$OUT/graphs" --prompts-per-task 4 --max-new-tokens 128 \
+    --settings static:4 confidence:8 --temperatures 0 1
+"$PY" eval/bench.py --head "$HEAD" --out "$OUT/eager" --prompts-per-task 4 --max-new-tokens 128 \
+    --settings static:4 --temperatures 0 --no-cuda-graphs

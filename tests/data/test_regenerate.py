@@ -1,0 +1,173 @@
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import data.regenerate as regenerate
+from data.prepare import DataConfig, select_conversations
+from data.regenerate import RegenerateConfig, generate_replies, regenerate_data
+from heads.target import Target, TargetConfig
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tiny_target_dir):
+    return Target.load(TargetConfig(name=str(tiny_target_dir)))
+
+
+@pytest.fixture
+def two_turn_chats(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    with open(path, "w") as f:
+        for i in range(7):
+            messages = [
+                {"role": "user", "content": f"Question {i}: how are cats?"},
+                {"role": "assistant", "content": "Recorded answer one."},
+                {"role": "user", "content": f"And dogs, {i}?"},
+                {"role": "assistant", "content": "Recorded answer two."},
+            ]
+            f.write(json.dumps({"id": f"c{i}", "messages": messages}) + "\n")
+    return path
+
+
+def data_cfg(path, tmp_path, **regen) -> DataConfig:
+    settings = {"enabled": True, "max_new_tokens": 6, "batch_size": 3} | regen
+    return DataConfig(
+        sources=[str(path)],
+        max_length=256,
+        cache_dir=str(tmp_path / "cache"),
+        regenerate=RegenerateConfig(**settings),
+    )
+
+
+def run(cfg: DataConfig, target, **kw) -> DataConfig:
+    return regenerate_data(
+        cfg, lambda tally: select_conversations(cfg, tally), target, Path(cfg.cache_dir), **kw
+    )
+
+
+def read_jsonl(path) -> list[dict]:
+    return [json.loads(line) for line in open(path)]
+
+
+def test_every_reply_is_the_targets_own_and_later_turns_see_earlier_replies(
+    tiny_target, two_turn_chats, tmp_path
+):
+    cfg = data_cfg(two_turn_chats, tmp_path)
+    out = run(cfg, tiny_target)
+    assert out.regenerate.enabled is False and out.max_conversations is None
+    rows = read_jsonl(out.sources[0])
+    originals = read_jsonl(two_turn_chats)
+    assert [r["id"] for r in rows] == [o["id"] for o in originals]  # source order, nothing lost
+    for row, original in zip(rows, originals):
+        roles = [m["role"] for m in row["messages"]]
+        assert roles == ["user", "assistant", "user", "assistant"]
+        assert [m["content"] for m in row["messages"] if m["role"] == "user"] == [
+            m["content"] for m in original["messages"] if m["role"] == "user"
+        ]
+        # Each reply is what the target generates, alone, for the regenerated prefix before it.
+        for turn in (1, 3):
+            alone = generate_replies(tiny_target, [row["messages"][:turn]], cfg.regenerate, seed=0)[0]
+            assert row["messages"][turn]["content"] == alone.text
+            assert alone.text not in ("Recorded answer one.", "Recorded answer two.")
+    manifest = json.loads((out_dir(out) / "manifest.json").read_text())
+    assert manifest["counts"]["selected"] == manifest["counts"]["kept"] == 7
+    assert manifest["counts"]["replies"] == 14
+    assert manifest["counts"]["generated_tokens"] <= 14 * 6
+
+
+def out_dir(cfg: DataConfig) -> Path:
+    return Path(cfg.sources[0]).parent
+
+
+def counting(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    original = regenerate.generate_replies
+
+    def wrapped(target, prompts, cfg, seed):
+        calls.append(len(prompts))
+        return original(target, prompts, cfg, seed)
+
+    monkeypatch.setattr(regenerate, "generate_replies", wrapped)
+    return calls
+
+
+def test_a_killed_run_resumes_where_it_stopped_and_a_finished_one_is_reused(
+    tiny_target, two_turn_chats, tmp_path, monkeypatch
+):
+    cfg = data_cfg(two_turn_chats, tmp_path)
+    first = run(cfg, tiny_target)
+    expected = read_jsonl(first.sources[0])
+    directory = out_dir(first)
+    # Kill simulation: no merge yet, the last two rows lost (one half written): batches of 3, 3, 1.
+    (directory / "manifest.json").unlink()
+    (directory / "conversations.jsonl").unlink()
+    part = directory / "part-0.jsonl"
+    lines = part.read_text().splitlines(keepends=True)
+    part.write_text("".join(lines[:-2]) + lines[-2][:10])
+    calls = counting(monkeypatch)
+    again = run(cfg, tiny_target)
+    assert calls == [3, 3, 1, 1]  # the second and third batches again, two turns each; not the first
+    assert read_jsonl(again.sources[0]) == expected
+    calls.clear()
+    assert run(cfg, tiny_target).sources == again.sources
+    assert calls == []
+
+
+def test_ranks_split_the_batches_and_rank_0_merges_them(tiny_target, two_turn_chats, tmp_path):
+    single = read_jsonl(run(data_cfg(two_turn_chats, tmp_path / "one"), tiny_target).sources[0])
+    cfg = data_cfg(two_turn_chats, tmp_path / "two")
+    with pytest.raises(RuntimeError, match="not regenerated"):  # rank 0 alone cannot merge
+        run(cfg, tiny_target, rank=0, world=2)
+    waits = []
+
+    def barrier():  # rank 1 waits here while rank 0 does its share and merges
+        if not waits:
+            run(cfg, tiny_target, rank=0, world=2)
+        waits.append(1)
+
+    merged = run(cfg, tiny_target, rank=1, world=2, barrier=barrier)
+    assert waits == [1, 1]
+    assert read_jsonl(merged.sources[0]) == single
+
+
+def test_turns_that_do_not_fit_are_dropped_and_counted(tiny_target, two_turn_chats, tmp_path):
+    prompt = tiny_target.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Question 0: how are cats?"}],
+        add_generation_prompt=True,
+        return_dict=False,
+    )
+    # Room for the first prompt and its reply, not for the second prompt.
+    cfg = replace(data_cfg(two_turn_chats, tmp_path), max_length=len(prompt) + 8)
+    out = run(cfg, tiny_target)
+    rows = read_jsonl(out.sources[0])
+    assert all(len(row["messages"]) == 2 for row in rows)
+    manifest = json.loads((out_dir(out) / "manifest.json").read_text())
+    assert sum(manifest["counts"]["dropped_messages"].values()) == 7
+
+
+def test_other_settings_or_weights_regenerate_elsewhere(tiny_target, two_turn_chats, tmp_path):
+    cfg = data_cfg(two_turn_chats, tmp_path)
+    base = run(cfg, tiny_target).sources
+    assert run(replace(cfg, regenerate=replace(cfg.regenerate, batch_size=2)), tiny_target).sources == base
+    assert (
+        run(replace(cfg, regenerate=replace(cfg.regenerate, max_new_tokens=4)), tiny_target).sources != base
+    )
+
+
+@pytest.mark.parametrize(
+    "field, value", [("max_new_tokens", 0), ("temperature", -1.0), ("top_p", 0.0), ("batch_size", 0)]
+)
+def test_bad_settings_name_the_key(field, value):
+    with pytest.raises(ValueError, match=f"data.regenerate.{field}"):
+        DataConfig(regenerate=RegenerateConfig(**{field: value})).validate()
+
+
+def test_the_job_trains_on_regenerated_replies(make_job, tmp_path):
+    from train.run import run as run_job
+
+    job = make_job("data.regenerate.enabled=true", "data.regenerate.max_new_tokens=4", "stages=[prepare]")
+    results = run_job(job)
+    manifest = json.loads((Path(results["data_dir"]) / "manifest.json").read_text())
+    [source] = manifest["sources"]
+    assert "/regenerated/" in source["location"] and source["location"].endswith("conversations.jsonl")
