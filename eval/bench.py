@@ -12,18 +12,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from eval.run import EvalConfig, evaluate
+from eval.run import EvalConfig, evaluate, parse_setting
 from heads.target import Target, TargetConfig
 
 METHODS = ("plain", "hf_greedy", "hf_prompt_lookup")
-
-
-def parse_setting(text: str) -> tuple[str, int]:
-    """'policy:K' (e.g. static:4, draft_prob:8, confidence:8) -> (policy, K)."""
-    policy, _, length = text.partition(":")
-    if not length.isdigit():
-        raise ValueError(f"setting {text!r}: expected policy:K, e.g. static:4")
-    return policy, int(length)
 
 
 def table(rows: list[dict]) -> str:
@@ -37,20 +29,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def run_bench(target: Target, head: Path, out: Path, base: EvalConfig, settings, temperatures) -> list[dict]:
+def run_bench(
+    target: Target, head: Path, out: Path, base: EvalConfig, settings: list[str], temperatures
+) -> list[dict]:
+    """One eval per temperature: every setting and baseline decodes the same turns, interleaved."""
     rows = []
     for temperature in temperatures:
-        for policy, length in settings:
-            name = f"{policy}:{length}"
-            cfg = dataclasses.replace(base, temperature=temperature, policy=policy, draft_length=length)
-            report = json.loads(
-                evaluate(target, head, cfg, out / f"T{temperature:g}-{policy}-{length}").read_text()
-            )
-            for task, summary in {**report["task"], "overall": report["overall"]}.items():
-                row = {"temperature": temperature, "setting": name, "task": task}
-                row["acceptance_length"] = summary["acceptance_length"]
-                row["tokens_per_s"] = 1000 / summary["ms_per_token_speculative"]
-                row |= {k: v for k, v in summary.items() if k.startswith("speedup_vs_")}
+        policy, length = parse_setting(settings[0])
+        cfg = dataclasses.replace(
+            base, temperature=temperature, policy=policy, draft_length=length, compare=settings[1:]
+        )
+        report = json.loads(evaluate(target, head, cfg, out / f"T{temperature:g}").read_text())
+        for setting, summary in {settings[0]: report, **report["compare"]}.items():
+            for task, figures in {**summary["task"], "overall": summary["overall"]}.items():
+                row = {"temperature": temperature, "setting": setting, "task": task}
+                row["acceptance_length"] = figures["acceptance_length"]
+                row["tokens_per_s"] = 1000 / figures["ms_per_token_speculative"]
+                row |= {k: v for k, v in figures.items() if k.startswith("speedup_vs_")}
                 rows.append(row)
     return rows
 
@@ -80,8 +75,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         mode=args.mode,
         cuda_graphs=args.cuda_graphs,
     )
-    settings = [parse_setting(s) for s in args.settings]
-    rows = run_bench(target, args.head, args.out, base, settings, args.temperatures)
+    for setting in args.settings:
+        parse_setting(setting)  # a typo fails here, not after the first temperature's run
+    rows = run_bench(target, args.head, args.out, base, args.settings, args.temperatures)
     (args.out / "bench.json").write_text(json.dumps(rows, indent=2))
     print(table(rows))
     return rows

@@ -155,6 +155,22 @@ def markdown(report: dict) -> str:
             f"β = {costs['beta']:.3f} (verification overhead / target step); speculation pays "
             f"where AL > {costs['break_even_acceptance_length']:.2f}."
         )
+    compared = report.get("compare") or {}
+    if compared:
+        main = report["settings"]["policy"] + ":" + str(report["settings"]["draft_length"])
+        lines += ["", "Drafting settings on the same turns (interleaved):", ""]
+        lines += ["| setting | task | AL | ms/tok spec | " + " | ".join(f"× vs {m}" for m in methods) + " |"]
+        lines.append("|" + "---|" * (4 + len(methods)))
+        for setting, summary in {main: report, **compared}.items():
+            for task, t in {**summary["task"], "overall": summary["overall"]}.items():
+                cells = [
+                    setting,
+                    task,
+                    f"{t['acceptance_length']:.2f}",
+                    f"{t.get('ms_per_token_speculative', float('nan')):.1f}",
+                ]
+                cells += [f"{t.get(f'speedup_vs_{m}', float('nan')):.2f}" for m in methods]
+                lines.append("| " + " | ".join(cells) + " |")
     calibration = report.get("calibration")
     if calibration:
         lines += [

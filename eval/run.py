@@ -60,6 +60,10 @@ class EvalConfig:
     # draft while the next token's survival pays its measured cost (alpha, beta).
     policy: str = "static"
     policy_threshold: float = 0.3
+    # More chain settings "policy:K" (e.g. static:2, draft_prob:8) decoded on the same turns,
+    # interleaved with the main one and the baselines; each gets its own per-task summary
+    # (report["compare"]), so one run ranks them on equal terms.
+    compare: list[str] = field(default_factory=list)
     # Confidence heads: prompts per task (disjoint from the evaluated ones) whose real decoding
     # fits the per-position temperatures; the evaluated prompts then report ECE/AUROC/Brier.
     # 0 = keep the temperatures fitted at training time.
@@ -159,23 +163,36 @@ def encode_turn(target: Target, history: list[dict], turn: str) -> list[int]:
     return list(target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
 
 
-class Runner:
-    """Runs every method on one turn, in an order that rotates between turns."""
+def parse_setting(text: str) -> tuple[str, int]:
+    """'policy:K' (e.g. static:4, draft_prob:8, confidence:8) -> (policy, K)."""
+    policy, _, length = text.partition(":")
+    if not length.isdigit():
+        raise ValueError(f"drafting setting {text!r}: expected policy:K, e.g. static:4")
+    return policy, int(length)
 
-    def __init__(self, target: Target, decoder: SpeculativeDecoder, cfg: EvalConfig):
-        self.target, self.decoder, self.cfg = target, decoder, cfg
+
+class Runner:
+    """Runs every method on one turn, in an order that rotates between turns.
+
+    decoders: the speculative decoders by name (SPECULATIVE for the main one, "policy:K" for
+    eval.compare); the plain loop is the main decoder's."""
+
+    def __init__(self, target: Target, decoders: dict[str, SpeculativeDecoder], cfg: EvalConfig):
+        self.target, self.decoders, self.cfg = target, decoders, cfg
         self.sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
         self.generator = torch.Generator(device=target.device).manual_seed(cfg.seed)
-        self.methods = [SPECULATIVE] + ([PLAIN, HF_GREEDY, HF_LOOKUP] if cfg.baselines else [])
+        self.methods = list(decoders) + ([PLAIN, HF_GREEDY, HF_LOOKUP] if cfg.baselines else [])
         self.turns_run = 0
 
     def _run(self, method: str, prompt_ids: list[int]) -> tuple[list[int], float, object]:
         start = time.perf_counter()
-        if method == SPECULATIVE:
-            out = self.decoder.generate(prompt_ids, self.cfg.max_new_tokens, self.sampling, self.generator)
+        if method in self.decoders:
+            out = self.decoders[method].generate(
+                prompt_ids, self.cfg.max_new_tokens, self.sampling, self.generator
+            )
             return out.tokens, time.perf_counter() - start, out.metrics
         if method == PLAIN:
-            out = self.decoder.generate_plain(
+            out = self.decoders[SPECULATIVE].generate_plain(
                 prompt_ids, self.cfg.max_new_tokens, self.sampling, self.generator
             )
             return out.tokens, time.perf_counter() - start, None
@@ -190,13 +207,15 @@ class Runner:
         )
         return tokens, seconds, None
 
-    def turn(self, prompt_ids: list[int]) -> tuple[dict[str, list[int]], dict[str, float], object]:
+    def turn(self, prompt_ids: list[int]) -> tuple[dict[str, list[int]], dict[str, float], dict[str, object]]:
+        """-> tokens and seconds per method, decode metrics per speculative decoder."""
         shift = self.turns_run % len(self.methods)
         order = self.methods[shift:] + self.methods[:shift]
-        tokens, seconds, metrics = {}, {}, None
+        tokens, seconds, metrics = {}, {}, {}
         for method in order:
             tokens[method], seconds[method], m = self._run(method, prompt_ids)
-            metrics = m if m is not None else metrics
+            if m is not None:
+                metrics[method] = m
         self.turns_run += 1
         return tokens, seconds, metrics
 
@@ -276,11 +295,18 @@ def evaluate(
     if kind != "medusa":
         static = dataclasses.replace(cfg, policy="static")
         costs = measure_costs(make_decoder(target, head, kind, static, max_len), static)
-    decoder = make_decoder(target, head, kind, cfg, max_len, confidence, costs)
-    runner = Runner(target, decoder, cfg)
+    if cfg.compare and (kind == "medusa" or cfg.mode != "chain"):
+        raise ValueError("eval.compare lists chain settings: it needs eval.mode=chain and an EAGLE head")
+    decoders = {SPECULATIVE: make_decoder(target, head, kind, cfg, max_len, confidence, costs)}
+    for setting in cfg.compare:
+        policy, length = parse_setting(setting)
+        variant = dataclasses.replace(cfg, policy=policy, draft_length=length)
+        decoders[setting] = make_decoder(target, head, kind, variant, max_len, confidence, costs)
+    runner = Runner(target, decoders, cfg)
     runner.turn(encode_turn(target, [], "Say hello."))  # warm-up of every method
 
-    records: list[Record] = []
+    records: dict[str, list[Record]] = {name: [] for name in decoders}
+    baselines = [m for m in runner.methods if m not in decoders]
     mismatches = 0
     turns = sum(len(p.turns) for p in prompts)
     with tqdm(total=turns, desc=f"eval ({', '.join(cfg.tasks)})") as bar:
@@ -290,40 +316,52 @@ def evaluate(
                 prompt_ids = encode_turn(target, history, turn)
                 tokens, seconds, metrics = runner.turn(prompt_ids)
                 reference = tokens.get(PLAIN, tokens[SPECULATIVE])
-                if cfg.temperature == 0 and tokens[SPECULATIVE] != reference:
-                    mismatches += 1
-                    log.error(
-                        "%s/%s turn %d: speculative output differs from plain greedy",
-                        prompt.task,
-                        prompt.id,
-                        index,
+                for name, decoded in metrics.items():
+                    if cfg.temperature == 0 and tokens[name] != reference:
+                        mismatches += 1
+                        log.error(
+                            "%s/%s turn %d: %s output differs from plain greedy",
+                            prompt.task,
+                            prompt.id,
+                            index,
+                            name,
+                        )
+                    records[name].append(
+                        Record(
+                            task=prompt.task,
+                            category=prompt.category,
+                            id=prompt.id,
+                            turn=index,
+                            prompt_tokens=len(prompt_ids),
+                            response_tokens=len(tokens[name]),
+                            proposed_tokens=decoded.proposed_tokens,
+                            accepted_draft_tokens=decoded.accepted_draft_tokens,
+                            emitted_tokens=decoded.emitted_tokens,
+                            verification_rounds=decoded.verification_rounds,
+                            accepted_by_position=decoded.accepted_per_position,
+                            proposed_by_position=decoded.proposed_per_position,
+                            # Each setting's report reads its own time as the speculative one.
+                            seconds={SPECULATIVE: seconds[name]} | {m: seconds[m] for m in baselines},
+                        )
                     )
-                records.append(
-                    Record(
-                        task=prompt.task,
-                        category=prompt.category,
-                        id=prompt.id,
-                        turn=index,
-                        prompt_tokens=len(prompt_ids),
-                        response_tokens=len(tokens[SPECULATIVE]),
-                        proposed_tokens=metrics.proposed_tokens,
-                        accepted_draft_tokens=metrics.accepted_draft_tokens,
-                        emitted_tokens=metrics.emitted_tokens,
-                        verification_rounds=metrics.verification_rounds,
-                        accepted_by_position=metrics.accepted_per_position,
-                        proposed_by_position=metrics.proposed_per_position,
-                        seconds=seconds,
-                    )
-                )
                 answer = target.tokenizer.decode(reference, skip_special_tokens=True)
                 history += [{"role": "user", "content": turn}, {"role": "assistant", "content": answer}]
                 bar.update(1)
-    report = build_report(records, runner.methods, costs)
+    methods = [SPECULATIVE, *baselines]
+    report = build_report(records[SPECULATIVE], methods, costs)
+    report["compare"] = {
+        setting: {
+            key: value
+            for key, value in build_report(records[setting], methods, costs).items()
+            if key != "costs"
+        }
+        for setting in cfg.compare
+    }
     report["calibration"] = calibration
     report["settings"] = dataclasses.asdict(cfg)
     report["head"] = {"dir": str(head_dir), "kind": kind}
     report["greedy_mismatches"] = mismatches if cfg.temperature == 0 else None
-    path = write_report(report, records, out_dir)
+    path = write_report(report, records[SPECULATIVE], out_dir)
     if log_fn is not None:
         log_fn(json.loads(path.read_text()))
     if mismatches:

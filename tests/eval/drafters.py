@@ -12,6 +12,7 @@ from torch import nn
 
 from eval.target_forward import CachedTarget
 from heads.kv_cache import KVCache
+from tests.helpers import tiny_llama
 
 # The hidden state LMDrafter.step returns: features made by the drafter (not the target)
 # are recognisable in the recorded calls.
@@ -70,3 +71,27 @@ class TinyMedusa(nn.Module):
         return torch.stack(
             [self.lm_head(final_hidden + nn.functional.silu(block(final_hidden))) for block in self.blocks]
         )
+
+
+def eagle_drafter(target: nn.Module, kind: str) -> LMDrafter:
+    """ "good": a perturbed copy of the target (accepts often); "random": an unrelated model."""
+    vocab = target.config.vocab_size
+    # A reduced draft vocabulary (every target id but a few) exercises the id mapping.
+    draft_ids = torch.tensor([i for i in range(vocab) if i % 16 != 15])
+    if kind == "good":
+        return LMDrafter(
+            perturbed_copy(target, noise=0.05), target_layer_ids=(1, 0), draft_token_ids=draft_ids
+        )
+    return LMDrafter(tiny_llama(seed=7, vocab_size=vocab), target_layer_ids=(0,), draft_token_ids=draft_ids)
+
+
+def greedy_reference(target: nn.Module, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """HF greedy generate per prompt: the output every greedy decoder must reproduce."""
+    outputs = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        generated = target.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens
+        )
+        outputs.append(generated[0, len(prompt) :].tolist())
+    return outputs

@@ -18,7 +18,7 @@ from eval.policies import (
 )
 from eval.verify import SamplingParams
 from heads.confidence import ConfidenceHead
-from tests.eval.drafters import LMDrafter, TinyMedusa, perturbed_copy
+from tests.eval.drafters import LMDrafter, TinyMedusa, eagle_drafter, greedy_reference, perturbed_copy
 from tests.eval.stats import chi_square, chi_square_critical
 from tests.eval.test_decoder import exact_continuations
 from tests.helpers import tiny_llama
@@ -147,24 +147,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def reference(target):
-    outputs = []
-    for prompt in PROMPTS:
-        ids = torch.tensor([prompt])
-        generated = target.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS
-        )
-        outputs.append(generated[0, len(prompt) :].tolist())
-    return outputs
-
-
-def eagle_drafter(target, kind: str) -> LMDrafter:
-    vocab = target.config.vocab_size
-    draft_ids = torch.tensor([i for i in range(vocab) if i % 16 != 15])
-    if kind == "good":
-        return LMDrafter(
-            perturbed_copy(target, noise=0.05), target_layer_ids=(1, 0), draft_token_ids=draft_ids
-        )
-    return LMDrafter(tiny_llama(seed=7, vocab_size=vocab), target_layer_ids=(0,), draft_token_ids=draft_ids)
+    return greedy_reference(target, PROMPTS, NEW_TOKENS)
 
 
 DRAFTINGS = {

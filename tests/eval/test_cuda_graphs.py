@@ -5,8 +5,8 @@ import torch
 
 from eval.cuda_graphs import GraphedForward, map_tensors
 from eval.decoder import MedusaTreeDrafting, SpeculativeDecoder
-from tests.eval.drafters import TinyMedusa
-from tests.eval.test_decoder import DRAFTINGS, MAX_LEN, NEW_TOKENS, PROMPTS, eagle_drafter
+from tests.eval.drafters import TinyMedusa, eagle_drafter
+from tests.eval.test_decoder import DRAFTINGS, MAX_LEN, NEW_TOKENS, PROMPTS
 from tests.helpers import tiny_llama
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

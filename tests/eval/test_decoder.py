@@ -13,7 +13,14 @@ from eval.tree import causal_mask
 from eval.verify import SamplingParams, process_logits
 from heads.kv_cache import KVCache
 from kernels import kv_compact_reference
-from tests.eval.drafters import DRAFTER_FEATURE, LMDrafter, TinyMedusa, perturbed_copy
+from tests.eval.drafters import (
+    DRAFTER_FEATURE,
+    LMDrafter,
+    TinyMedusa,
+    eagle_drafter,
+    greedy_reference,
+    perturbed_copy,
+)
 from tests.eval.stats import chi_square, chi_square_critical
 from tests.helpers import tiny_llama
 
@@ -29,26 +36,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def reference(target):
-    """HF greedy generate per prompt: the output every greedy decoder must reproduce."""
-    outputs = []
-    for prompt in PROMPTS:
-        ids = torch.tensor([prompt])
-        generated = target.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS
-        )
-        outputs.append(generated[0, len(prompt) :].tolist())
-    return outputs
-
-
-def eagle_drafter(target, kind: str) -> LMDrafter:
-    vocab = target.config.vocab_size
-    # A reduced draft vocabulary (every target id but a few) exercises the id mapping.
-    draft_ids = torch.tensor([i for i in range(vocab) if i % 16 != 15])
-    if kind == "good":
-        return LMDrafter(
-            perturbed_copy(target, noise=0.05), target_layer_ids=(1, 0), draft_token_ids=draft_ids
-        )
-    return LMDrafter(tiny_llama(seed=7, vocab_size=vocab), target_layer_ids=(0,), draft_token_ids=draft_ids)
+    return greedy_reference(target, PROMPTS, NEW_TOKENS)
 
 
 DRAFTINGS = {

@@ -76,21 +76,26 @@ def test_eval_refuses_a_head_trained_for_another_target(make_job, tmp_path):
         Target.load(job.target).check_head_dir(head_dir)
 
 
-def test_bench_prints_one_row_per_task_setting_and_temperature(make_job, prompts_jsonl, tmp_path):
-    from eval.bench import parse_setting, run_bench, table
-    from eval.run import EvalConfig
+def test_bench_ranks_settings_on_the_same_interleaved_turns(make_job, prompts_jsonl, tmp_path):
+    from eval.bench import run_bench, table
+    from eval.run import EvalConfig, parse_setting
     from heads.target import Target
 
     job = make_job()
     run(job)
     base = EvalConfig(tasks=[str(prompts_jsonl)], prompts_per_task=None, max_new_tokens=6)
-    settings = [parse_setting("static:2"), parse_setting("draft_prob:3")]
+    settings = ["static:2", "draft_prob:3", "confidence:3"]
     rows = run_bench(
         Target.load(job.target), tmp_path / "run" / "head", tmp_path / "bench", base, settings, [0.0, 1.0]
     )
-    assert len(rows) == 2 * 2 * 3  # temperatures x settings x (2 tasks + overall)
+    assert len(rows) == 2 * 3 * 3  # temperatures x settings x (2 tasks + overall)
     assert all(row["tokens_per_s"] > 0 and row["speedup_vs_hf_greedy"] > 0 for row in rows)
     assert table(rows).count("\n") == len(rows) + 1
+    greedy = json.loads((tmp_path / "bench" / "T0" / "report.json").read_text())
+    assert greedy["greedy_mismatches"] == 0  # every compared setting is checked against plain decoding
+    assert set(greedy["compare"]) == {"draft_prob:3", "confidence:3"}
+    assert greedy["compare"]["draft_prob:3"]["overall"]["requests"] == greedy["overall"]["requests"] == 4
+    assert "Drafting settings on the same turns" in (tmp_path / "bench" / "T0" / "report.md").read_text()
     with pytest.raises(ValueError, match="policy:K"):
         parse_setting("static")
 
