@@ -167,8 +167,9 @@ def regenerate_data(
     cfg.validate()
     key = {
         "format": FORMAT,
+        # Not max_conversations: conversation i is the same whatever the count, so a larger
+        # selection reuses every reply generated for a smaller one.
         "sources": data_cfg.sources,
-        "max_conversations": data_cfg.max_conversations,
         "max_length": data_cfg.max_length,
         "regenerate": {k: v for k, v in asdict(cfg).items() if k not in ("enabled", "batch_size")},
         "target": target.identity(),
@@ -176,7 +177,8 @@ def regenerate_data(
     }
     out_dir = root / "regenerated" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     manifest_path = out_dir / "manifest.json"
-    reused = _manifest(manifest_path).get("key") == key
+    manifest = _manifest(manifest_path)
+    reused = manifest.get("key") == key and manifest.get("max_conversations") == data_cfg.max_conversations
     if not reused:
         out_dir.mkdir(parents=True, exist_ok=True)
         tally = Tally()
@@ -187,7 +189,7 @@ def regenerate_data(
         _generate_part(out_dir, rank, batches[rank::world], selected, target, cfg, data_cfg.max_length)
         barrier()
         if rank == 0:
-            _merge(out_dir, key, selected, tally)
+            _merge(out_dir, {"key": key, "max_conversations": data_cfg.max_conversations}, selected, tally)
         barrier()
     counts = _manifest(manifest_path).get("counts")
     if counts is None:
@@ -249,7 +251,7 @@ def _generate_part(
     out_dir: Path, rank: int, batches: list[range], selected, target, cfg, max_length: int
 ) -> None:
     written = _read_parts(out_dir)
-    todo = [batch for batch in batches if any(i not in written for i in batch)]
+    todo = [batch for batch in batches if any(not _is_row_of(written.get(i), selected[i]) for i in batch)]
     start, tokens = time.perf_counter(), 0
     progress = tqdm(
         total=sum(map(len, todo)), unit="conv", desc=f"regenerating (rank {rank})", dynamic_ncols=True
@@ -268,9 +270,15 @@ def _generate_part(
             progress.set_postfix(tokens_per_s=f"{tokens / (time.perf_counter() - start):,.0f}", refresh=False)
 
 
-def _merge(out_dir: Path, key: dict, selected: list[Conversation], tally: Tally) -> None:
-    """The parts in source order as one JSONL, then the manifest (atomically): the marker of completion."""
-    rows = _read_parts(out_dir)
+def _is_row_of(row: dict | None, conversation: Conversation) -> bool:
+    return row is not None and row["id"] == conversation.id and row["source"] == conversation.source
+
+
+def _merge(out_dir: Path, identity: dict, selected: list[Conversation], tally: Tally) -> None:
+    """The selected conversations' rows in source order as one JSONL, then the manifest
+    (atomically), the marker of completion."""
+    written = _read_parts(out_dir)
+    rows = {i: written[i] for i in range(len(selected)) if _is_row_of(written.get(i), selected[i])}
     missing = [i for i in range(len(selected)) if i not in rows]
     if missing:
         raise RuntimeError(
@@ -294,6 +302,6 @@ def _merge(out_dir: Path, key: dict, selected: list[Conversation], tally: Tally)
         "cut": sum(rows[i]["cut"] for i in rows),
         "generated_tokens": sum(rows[i]["tokens"] for i in rows),
     }
-    manifest = {"key": key, "counts": counts, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    manifest = identity | {"counts": counts, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     (out_dir / "manifest.json.tmp").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
     os.replace(out_dir / "manifest.json.tmp", out_dir / "manifest.json")

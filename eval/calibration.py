@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from eval.decoder import ChainDrafting, SpeculativeDecoder
 from eval.policies import StaticDraftLength
@@ -70,7 +71,7 @@ def collect_rounds(
         )
     draft_length = drafting.policy.max_draft_len
     logits, accepted = [], []
-    for prompt in prompts:
+    for prompt in tqdm(prompts, desc="calibration decoding", unit="prompt", leave=False):
         for record in decoder.generate(prompt, max_new_tokens, sampling, generator).confidence:
             logits.append(
                 torch.nn.functional.pad(

@@ -146,6 +146,18 @@ def test_turns_that_do_not_fit_are_dropped_and_counted(tiny_target, two_turn_cha
     assert sum(manifest["counts"]["dropped_messages"].values()) == 7
 
 
+def test_a_larger_selection_reuses_the_replies_of_a_smaller_one(
+    tiny_target, two_turn_chats, tmp_path, monkeypatch
+):
+    cfg = data_cfg(two_turn_chats, tmp_path)
+    full = read_jsonl(run(cfg, tiny_target).sources[0])
+    small = read_jsonl(run(replace(cfg, max_conversations=3), tiny_target).sources[0])
+    assert small == full[:3]
+    calls = counting(monkeypatch)
+    assert read_jsonl(run(replace(cfg, max_conversations=6), tiny_target).sources[0]) == full[:6]
+    assert calls == []  # every reply was already there
+
+
 def test_other_settings_or_weights_regenerate_elsewhere(tiny_target, two_turn_chats, tmp_path):
     cfg = data_cfg(two_turn_chats, tmp_path)
     base = run(cfg, tiny_target).sources
