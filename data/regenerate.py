@@ -67,8 +67,11 @@ class Regenerated:
     tokens: int
 
 
-def generate_replies(target, prompts: list[list[dict]], cfg: RegenerateConfig, seed: int) -> list[Reply]:
-    """The target's reply to each chat prefix, generated in one left-padded batch."""
+def generate_replies(
+    target, prompts: list[list[dict]], cfg: RegenerateConfig, seed: int, max_new_tokens: int | None = None
+) -> list[Reply]:
+    """The target's reply to each chat prefix, generated in one left-padded batch
+    (at most max_new_tokens, default cfg.max_new_tokens)."""
     tokenizer = target.tokenizer
     texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
@@ -89,7 +92,7 @@ def generate_replies(target, prompts: list[list[dict]], cfg: RegenerateConfig, s
         output = target.model.generate(
             input_ids=batch["input_ids"].to(target.device),
             attention_mask=batch["attention_mask"].to(target.device),
-            max_new_tokens=cfg.max_new_tokens,
+            max_new_tokens=max_new_tokens or cfg.max_new_tokens,
             eos_token_id=eos,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0],
             **sampling,
@@ -117,7 +120,7 @@ def regenerate_batch(
     open_ = set(range(len(conversations)))
     turn = 0
     while open_:
-        waiting = []  # (conversation, prompt) of those with an assistant turn number `turn`
+        waiting = []  # (conversation, prompt, its tokens) of those with an assistant turn number `turn`
         for i in sorted(open_):
             if turn >= len(reply_turns[i]):
                 open_.discard(i)
@@ -131,11 +134,14 @@ def regenerate_batch(
                 results[i].notes.append("turn whose prompt fills data.max_length (and later turns)")
                 open_.discard(i)
                 continue
-            waiting.append((i, prompt))
+            waiting.append((i, prompt, len(ids)))
         if waiting:
-            for (i, prompt), reply in zip(
-                waiting, generate_replies(target, [p for _, p in waiting], cfg, seed + turn)
-            ):
+            # Tokens past max_length would be cut from the training row: never generate them.
+            longest_useful = max_length - min(length for _, _, length in waiting)
+            replies = generate_replies(
+                target, [p for _, p, _ in waiting], cfg, seed + turn, min(cfg.max_new_tokens, longest_useful)
+            )
+            for (i, prompt, _), reply in zip(waiting, replies):
                 results[i].tokens += reply.tokens
                 if not reply.text:
                     results[i].notes.append("empty regenerated reply (and later turns)")
@@ -200,7 +206,7 @@ def regenerate_data(
         f"regenerated replies: {out_dir / 'conversations.jsonl'}"
         + (" (reused)" if reused else "")
         + f"\n  {counts['kept']} of {counts['selected']} conversations kept, {counts['replies']} replies "
-        f"({counts['cut']} cut at {cfg.max_new_tokens} tokens), {counts['generated_tokens']:,} tokens generated"
+        f"({counts['cut']} cut at {cfg.max_new_tokens} tokens or data.max_length), {counts['generated_tokens']:,} tokens generated"
         + "".join(f"\n  dropped: {n} {reason}" for reason, n in counts["dropped"].items()),
         flush=True,
     )

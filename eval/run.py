@@ -287,8 +287,17 @@ def evaluate(
     max_len = longest + cfg.max_new_tokens * (1 + max(len(p.turns) for p in prompts)) + 16
     calibration = None
     if confidence is not None and kind != "medusa":
+        # Calibrate as deep as the deepest setting drafts: temperatures exist per position.
+        deepest = max([cfg.draft_length] + [parse_setting(setting)[1] for setting in cfg.compare])
         calibration = calibrate(
-            target, head, kind, confidence, cfg, prompts, max_len, out_dir / "calibration"
+            target,
+            head,
+            kind,
+            confidence,
+            dataclasses.replace(cfg, draft_length=deepest),
+            prompts,
+            max_len,
+            out_dir / "calibration",
         )
         confidence.save_pretrained(head_dir)  # ship the temperatures fitted on real decoding
     costs = None

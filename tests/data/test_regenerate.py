@@ -84,9 +84,9 @@ def counting(monkeypatch) -> list[int]:
     calls: list[int] = []
     original = regenerate.generate_replies
 
-    def wrapped(target, prompts, cfg, seed):
+    def wrapped(target, prompts, *args):
         calls.append(len(prompts))
-        return original(target, prompts, cfg, seed)
+        return original(target, prompts, *args)
 
     monkeypatch.setattr(regenerate, "generate_replies", wrapped)
     return calls
@@ -131,19 +131,22 @@ def test_ranks_split_the_batches_and_rank_0_merges_them(tiny_target, two_turn_ch
     assert read_jsonl(merged.sources[0]) == single
 
 
-def test_turns_that_do_not_fit_are_dropped_and_counted(tiny_target, two_turn_chats, tmp_path):
+def test_turns_that_do_not_fit_are_dropped_and_counted_and_never_generated_past_max_length(
+    tiny_target, two_turn_chats, tmp_path
+):
     prompt = tiny_target.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Question 0: how are cats?"}],
         add_generation_prompt=True,
         return_dict=False,
     )
-    # Room for the first prompt and its reply, not for the second prompt.
-    cfg = replace(data_cfg(two_turn_chats, tmp_path), max_length=len(prompt) + 8)
+    # Room for the first prompt and 4 of the 6 reply tokens, not for the second prompt.
+    cfg = replace(data_cfg(two_turn_chats, tmp_path), max_length=len(prompt) + 4)
     out = run(cfg, tiny_target)
     rows = read_jsonl(out.sources[0])
     assert all(len(row["messages"]) == 2 for row in rows)
-    manifest = json.loads((out_dir(out) / "manifest.json").read_text())
-    assert sum(manifest["counts"]["dropped_messages"].values()) == 7
+    counts = json.loads((out_dir(out) / "manifest.json").read_text())["counts"]
+    assert sum(counts["dropped_messages"].values()) == 7
+    assert counts["generated_tokens"] == 7 * 4  # the tiny model never stops early: 4 each, not 6
 
 
 def test_a_larger_selection_reuses_the_replies_of_a_smaller_one(
