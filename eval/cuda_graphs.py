@@ -37,7 +37,6 @@ class GraphedForward:
         self.max_tokens = max_tokens
         self.token_dim_arg = token_dim_arg  # positional argument whose dim 1 counts tokens
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], object]] = {}
-        self.pool = None
 
     def __call__(self, *args: torch.Tensor, **static):
         if not args[0].is_cuda or args[self.token_dim_arg].shape[1] > self.max_tokens:
@@ -61,8 +60,8 @@ class GraphedForward:
             self.fn(*inputs, **static)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # A private memory pool per graph: graphs replay in any order, so none may reuse
+        # another's scratch memory (activations are small next to the weights and caches).
+        with torch.cuda.graph(graph):
             outputs = self.fn(*inputs, **static)
         return graph, inputs, outputs
