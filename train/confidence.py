@@ -133,6 +133,19 @@ def acceptance_labels(
     return PairedLabels(torch.where(valid, labels, 0), valid, draft_rows, prev_tokens)
 
 
+def greedy_labels_from_acceptance(
+    accepted: torch.Tensor, scored: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor
+) -> PairedLabels:
+    """The temperature-0 labels from a loss that already compared each step's draft argmax with
+    the target's over the same (step, row) pairs (train/losses.py `TTTLoss.accepted` / `scored`,
+    whose row layout is PairedLabels'): no second projection over the vocabulary."""
+    draft_rows, valid = pair_rows(loss_mask, accepted.shape[0])
+    if not torch.equal(valid, scored):
+        raise ValueError("the loss scored other (step, row) pairs than the confidence labels pair")
+    seq_len = loss_mask.shape[1]
+    return PairedLabels(accepted.float(), valid, draft_rows, input_ids[:, 1 : seq_len - 1].reshape(-1))
+
+
 @dataclass
 class ConfidenceLoss:
     loss: torch.Tensor  # scalar Σ_k w_k step_losses[k] / Σ_k w_k, w_k = exp(-k / γ)
@@ -173,16 +186,19 @@ class ConfidenceTraining(nn.Module):
         target_final_hidden: torch.Tensor,
         target_lm_head: torch.Tensor,
         loss_mask: torch.Tensor,
+        pairs: PairedLabels | None = None,
     ) -> ConfidencePredictions:
-        pairs = acceptance_labels(
-            chain,
-            input_ids,
-            target_final_hidden,
-            target_lm_head,
-            loss_mask,
-            self.temperature,
-            self.chunk_size,
-        )
+        """pairs: labels the caller already has (greedy_labels_from_acceptance); else computed."""
+        if pairs is None:
+            pairs = acceptance_labels(
+                chain,
+                input_ids,
+                target_final_hidden,
+                target_lm_head,
+                loss_mask,
+                self.temperature,
+                self.chunk_size,
+            )
         logits = []
         for step, states in enumerate(chain.hidden_states):
             flat = states.detach().reshape(-1, states.shape[-1])  # [B * T, H]
@@ -196,8 +212,9 @@ class ConfidenceTraining(nn.Module):
         target_final_hidden: torch.Tensor,
         target_lm_head: torch.Tensor,
         loss_mask: torch.Tensor,
+        pairs: PairedLabels | None = None,
     ) -> ConfidenceLoss:
-        predicted = self.predict(chain, input_ids, target_final_hidden, target_lm_head, loss_mask)
+        predicted = self.predict(chain, input_ids, target_final_hidden, target_lm_head, loss_mask, pairs)
         pairs = predicted.pairs
         counts = pairs.valid.sum(-1).clamp(min=1)  # [K]
         bce = F.binary_cross_entropy_with_logits(predicted.logits, pairs.labels, reduction="none")

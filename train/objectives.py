@@ -23,7 +23,13 @@ from heads.eagle3 import Eagle3Head, UnrolledSteps
 from heads.medusa import MedusaHead
 from heads.registry import load_head, read_head_config
 from heads.target import Target
-from train.confidence import ConfidenceTraining, DraftChain, eagle1_unroll
+from train.confidence import (
+    ConfidenceTraining,
+    DraftChain,
+    PairedLabels,
+    eagle1_unroll,
+    greedy_labels_from_acceptance,
+)
 from train.config import HeadConfig, TrainConfig
 from train.losses import eagle1_loss, eagle3_ttt_loss, medusa_loss
 
@@ -90,13 +96,19 @@ class Objective(nn.Module):
             self.confidence.head.save_pretrained(path)
 
     def _finish(
-        self, feats: Features, chain: DraftChain, draft_loss: torch.Tensor | None, metrics: dict
+        self,
+        feats: Features,
+        chain: DraftChain,
+        draft_loss: torch.Tensor | None,
+        metrics: dict,
+        pairs: PairedLabels | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Add the confidence loss (if any) to the drafter's (None when frozen)."""
+        """Add the confidence loss (if any) to the drafter's (None when frozen); pairs: its
+        labels when the drafter's loss already computed them."""
         if self.confidence is None:
             return draft_loss, metrics
         out = self.confidence(
-            chain, feats.input_ids, feats.final_hidden, self.target_lm_head, feats.loss_mask
+            chain, feats.input_ids, feats.final_hidden, self.target_lm_head, feats.loss_mask, pairs
         )
         loss = out.loss if draft_loss is None else draft_loss + out.loss
         if draft_loss is not None:
@@ -144,7 +156,10 @@ class Eagle3Objective(Objective):
         for k in range(self.ttt_steps):
             metrics[f"loss_{k}"] = out.step_losses[k]
             metrics[f"acc_{k}"] = out.step_accuracy[k]
-        return self._finish(feats, self._chain(unrolled), out.loss, metrics)
+        pairs = None
+        if self.confidence is not None and self.confidence.temperature == 0:
+            pairs = greedy_labels_from_acceptance(out.accepted, out.scored, feats.input_ids, feats.loss_mask)
+        return self._finish(feats, self._chain(unrolled), out.loss, metrics, pairs)
 
 
 class Eagle1Objective(Objective):

@@ -15,9 +15,11 @@ from train.confidence import (
     eagle1_unroll,
     expected_calibration_error,
     fit_sequential_temperatures,
+    greedy_labels_from_acceptance,
     survival,
 )
 from train.config import HeadConfig, TrainConfig
+from train.losses import eagle3_ttt_loss
 from train.objectives import Features, build_objective
 
 B, T, H, HT, V, K = 2, 9, 6, 5, 16, 3
@@ -126,6 +128,31 @@ def features(target: Target, layer_ids: list[int], seed: int = 0) -> Features:
     loss_mask[:, :3] = 0
     out = target(input_ids, attention_mask, layer_ids)
     return Features(input_ids, attention_mask, loss_mask, out.hidden_states, out.final_hidden)
+
+
+def test_greedy_labels_taken_from_the_ttt_loss_equal_the_computed_ones():
+    chain, batch = random_chain(seed=3)
+    lm_head = chain.lm_heads[0]
+    shared = DraftChain(
+        chain.hidden_states, chain.logit_states, [lm_head] * K, DRAFT_IDS
+    )  # EAGLE-3 shares it
+    out = eagle3_ttt_loss(
+        shared.logit_states,
+        lm_head,
+        DRAFT_IDS,
+        batch["target_final_hidden"],
+        batch["target_lm_head"],
+        batch["loss_mask"],
+        chunk_size=5,
+    )
+    reused = greedy_labels_from_acceptance(out.accepted, out.scored, batch["input_ids"], batch["loss_mask"])
+    computed = acceptance_labels(shared, **batch, temperature=0.0, chunk_size=5)
+    assert torch.equal(reused.valid, computed.valid) and torch.equal(reused.labels, computed.labels)
+    assert torch.equal(reused.draft_rows[reused.valid], computed.draft_rows[computed.valid])
+    assert torch.equal(reused.prev_tokens, computed.prev_tokens)
+    assert 0 < reused.labels.sum() < reused.valid.sum()  # both outcomes occur: the test can fail
+    with pytest.raises(ValueError, match="other"):
+        greedy_labels_from_acceptance(out.accepted, ~out.scored, batch["input_ids"], batch["loss_mask"])
 
 
 def head_config(kind: str, **overrides) -> HeadConfig:
