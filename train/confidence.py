@@ -9,7 +9,8 @@ distribution zero outside the draft vocabulary and the target's over the full vo
 temperature 0, whether the draft argmax is the target argmax. Steps k >= 1 come from the
 training-time-test unroll, so their states are built on the drafter's own earlier outputs, as
 at decode time. Labels are computed in chunks of target rows (one chunk x vocab block of
-logits at a time) and carry no gradient.
+logits at a time) and carry no gradient; at temperature 0 an EAGLE-3 objective hands over the
+ones its TTT loss already computed (the same pairs: `greedy_labels_from_acceptance`).
 
 Loss. BCE against the labels, mean over the rows of each step, steps weighted exp(-k/γ) and
 normalised by the weights' sum. The confidence head reads DETACHED drafter states: trained
