@@ -41,7 +41,7 @@ class GraphedForward:
     def __call__(self, *args: torch.Tensor, **static):
         if not args[0].is_cuda or args[self.token_dim_arg].shape[1] > self.max_tokens:
             return self.fn(*args, **static)
-        key = (tuple((a.shape, a.dtype) for a in args), tuple(sorted(static.items())))
+        key = self.key(args, static)
         if key not in self.graphs:
             self.graphs[key] = self._capture(args, static)
         graph, inputs, outputs = self.graphs[key]
@@ -49,6 +49,12 @@ class GraphedForward:
             buffer.copy_(arg)
         graph.replay()
         return map_tensors(outputs, torch.Tensor.clone)
+
+    @staticmethod
+    def key(args: tuple[torch.Tensor, ...], static: dict) -> tuple:
+        """One graph per input shapes and dtypes and per constant keyword (lists as tuples)."""
+        constants = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(static.items()))
+        return tuple((a.shape, a.dtype) for a in args), constants
 
     def _capture(self, args: tuple[torch.Tensor, ...], static: dict):
         inputs = [arg.clone() for arg in args]

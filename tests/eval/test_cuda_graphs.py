@@ -32,6 +32,15 @@ def test_cpu_calls_run_eagerly_and_capture_nothing():
     assert graphed.graphs == {}
 
 
+def test_graphs_are_keyed_by_shapes_dtypes_and_constants_lists_included():
+    ids, mask = torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 1, 3, 8, dtype=torch.bool)
+    key = GraphedForward.key((ids, mask), {"layer_ids": [2, 0], "num_logits": None})
+    assert key == GraphedForward.key((ids + 1, mask), {"num_logits": None, "layer_ids": (2, 0)})
+    assert key != GraphedForward.key((ids[:, :2], mask), {"layer_ids": [2, 0], "num_logits": None})
+    assert key != GraphedForward.key((ids, mask), {"layer_ids": [2, 0], "num_logits": 1})
+    hash(key)
+
+
 @cuda
 def test_replays_write_closed_over_state_and_hand_out_copies():
     cache = torch.zeros(8, device="cuda")
