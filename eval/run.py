@@ -282,13 +282,19 @@ def evaluate(
         confidence = confidence.to(device=target.device, dtype=target.dtype).eval()
     if cfg.policy in ("confidence", "expected_gain") and (confidence is None or kind == "medusa"):
         raise ValueError(f"eval.policy={cfg.policy!r} needs an EAGLE head trained with head.confidence=true")
+    if cfg.compare and (kind == "medusa" or cfg.mode != "chain"):
+        raise ValueError("eval.compare lists chain settings: it needs eval.mode=chain and an EAGLE head")
+    variants = {SPECULATIVE: cfg}  # the drafting settings decoded on every turn, by name
+    for setting in cfg.compare:
+        policy, length = parse_setting(setting)
+        variants[setting] = dataclasses.replace(cfg, policy=policy, draft_length=length)
     prompts: list[EvalPrompt] = [p for task in cfg.tasks for p in load_eval_set(task, cfg.prompts_per_task)]
     longest = max(len(encode_turn(target, [], " ".join(p.turns))) for p in prompts)
     max_len = longest + cfg.max_new_tokens * (1 + max(len(p.turns) for p in prompts)) + 16
     calibration = None
     if confidence is not None and kind != "medusa":
         # Calibrate as deep as the deepest setting drafts: temperatures exist per position.
-        deepest = max([cfg.draft_length] + [parse_setting(setting)[1] for setting in cfg.compare])
+        deepest = max(variant.draft_length for variant in variants.values())
         calibration = calibrate(
             target,
             head,
@@ -304,13 +310,10 @@ def evaluate(
     if kind != "medusa":
         static = dataclasses.replace(cfg, policy="static")
         costs = measure_costs(make_decoder(target, head, kind, static, max_len), static)
-    if cfg.compare and (kind == "medusa" or cfg.mode != "chain"):
-        raise ValueError("eval.compare lists chain settings: it needs eval.mode=chain and an EAGLE head")
-    decoders = {SPECULATIVE: make_decoder(target, head, kind, cfg, max_len, confidence, costs)}
-    for setting in cfg.compare:
-        policy, length = parse_setting(setting)
-        variant = dataclasses.replace(cfg, policy=policy, draft_length=length)
-        decoders[setting] = make_decoder(target, head, kind, variant, max_len, confidence, costs)
+    decoders = {
+        name: make_decoder(target, head, kind, variant, max_len, confidence, costs)
+        for name, variant in variants.items()
+    }
     runner = Runner(target, decoders, cfg)
     runner.turn(encode_turn(target, [], "Say hello."))  # warm-up of every method
 
