@@ -53,6 +53,13 @@ def require_chat_template(tokenizer) -> str:
     return template
 
 
+def generation_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The chat so far as the model reads it before writing its reply (with the generation prompt)."""
+    return list(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
+
+
 def chat_template_hash(tokenizer) -> str:
     return hashlib.sha256((tokenizer.chat_template or "").encode()).hexdigest()
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from data.chat_template import generation_prompt_ids
 from data.conversations import Conversation
 from data.tally import Tally
 
@@ -68,18 +69,12 @@ class Regenerated:
 
 
 def generate_replies(
-    target, prompts: list[list[dict]], cfg: RegenerateConfig, seed: int, max_new_tokens: int | None = None
+    target, prompts: list[list[int]], cfg: RegenerateConfig, seed: int, max_new_tokens: int | None = None
 ) -> list[Reply]:
-    """The target's reply to each chat prefix, generated in one left-padded batch
-    (at most max_new_tokens, default cfg.max_new_tokens)."""
+    """The target's reply to each tokenised chat prefix (`generation_prompt_ids`), generated in one
+    left-padded batch (at most max_new_tokens, default cfg.max_new_tokens)."""
     tokenizer = target.tokenizer
-    texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in prompts]
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    try:
-        # The template already holds any BOS token; the tokenizer must not add another.
-        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    finally:
-        tokenizer.padding_side = padding_side
+    batch = tokenizer.pad({"input_ids": prompts}, padding=True, padding_side="left", return_tensors="pt")
     eos = target.model.generation_config.eos_token_id
     eos = [eos] if isinstance(eos, int) else list(eos or [])
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
@@ -120,26 +115,28 @@ def regenerate_batch(
     open_ = set(range(len(conversations)))
     turn = 0
     while open_:
-        waiting = []  # (conversation, prompt, its tokens) of those with an assistant turn number `turn`
+        waiting = []  # (conversation, prompt, its token ids) of those with an assistant turn number `turn`
         for i in sorted(open_):
             if turn >= len(reply_turns[i]):
                 open_.discard(i)
                 continue
             start = reply_turns[i][turn - 1] + 1 if turn else 0
             prompt = results[i].messages + conversations[i].messages[start : reply_turns[i][turn]]
-            ids = target.tokenizer.apply_chat_template(
-                prompt, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
+            ids = generation_prompt_ids(target.tokenizer, prompt)
             if len(ids) >= max_length:
                 results[i].notes.append("turn whose prompt fills data.max_length (and later turns)")
                 open_.discard(i)
                 continue
-            waiting.append((i, prompt, len(ids)))
+            waiting.append((i, prompt, ids))
         if waiting:
             # Tokens past max_length would be cut from the training row: never generate them.
-            longest_useful = max_length - min(length for _, _, length in waiting)
+            longest_useful = max_length - min(len(ids) for _, _, ids in waiting)
             replies = generate_replies(
-                target, [p for _, p, _ in waiting], cfg, seed + turn, min(cfg.max_new_tokens, longest_useful)
+                target,
+                [ids for _, _, ids in waiting],
+                cfg,
+                seed + turn,
+                min(cfg.max_new_tokens, longest_useful),
             )
             for (i, prompt, _), reply in zip(waiting, replies):
                 results[i].tokens += reply.tokens

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from data.chat_template import generation_prompt_ids
 from data.eval_sets import EvalPrompt, load_eval_set
 from eval.baselines import hf_generate
 from eval.calibration import evaluate_calibration
@@ -159,8 +160,7 @@ def calibrate(
 
 
 def encode_turn(target: Target, history: list[dict], turn: str) -> list[int]:
-    messages = history + [{"role": "user", "content": turn}]
-    return list(target.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+    return generation_prompt_ids(target.tokenizer, history + [{"role": "user", "content": turn}])
 
 
 def parse_setting(text: str) -> tuple[str, int]:

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 import data.regenerate as regenerate
+from data.chat_template import generation_prompt_ids
 from data.prepare import DataConfig, select_conversations
 from data.regenerate import RegenerateConfig, generate_replies, regenerate_data
 from heads.target import Target, TargetConfig
@@ -67,7 +68,8 @@ def test_every_reply_is_the_targets_own_and_later_turns_see_earlier_replies(
         ]
         # Each reply is what the target generates, alone, for the regenerated prefix before it.
         for turn in (1, 3):
-            alone = generate_replies(tiny_target, [row["messages"][:turn]], cfg.regenerate, seed=0)[0]
+            prefix = generation_prompt_ids(tiny_target.tokenizer, row["messages"][:turn])
+            alone = generate_replies(tiny_target, [prefix], cfg.regenerate, seed=0)[0]
             assert row["messages"][turn]["content"] == alone.text
             assert alone.text not in ("Recorded answer one.", "Recorded answer two.")
     manifest = json.loads((out_dir(out) / "manifest.json").read_text())
