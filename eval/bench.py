@@ -4,7 +4,8 @@ Every figure of one table comes from one run (same prompts, warm-up, interleaved
 
     python eval/bench.py --head outputs/eagle3/head --out outputs/bench
     python eval/bench.py --head outputs/eagle3/head --out outputs/bench \
-        --settings static:2 static:4 static:6 static:8 draft_prob:8 confidence:8
+        --settings expected_gain:8 confidence:8 static:2 static:4 static:6 static:8 draft_prob:8 \
+        --calibration-prompts 6 10
 """
 
 import argparse
@@ -64,6 +65,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--settings", nargs="+", default=["static:4"], help="policy:K, e.g. static:4")
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     parser.add_argument(
+        "--calibration-prompts", nargs=2, type=int, default=[2, 0], metavar=("FIT", "REPORT"),
+        help="confidence heads: held-out prompts per task to fit the temperatures on, and to report "
+        "the calibration on (0: the benchmarked prompts)",
+    )
+    parser.add_argument(
         "--cuda-graphs", action=argparse.BooleanOptionalAction, default=True, help="CUDA targets only"
     )
     args = parser.parse_args(argv)
@@ -73,6 +79,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         prompts_per_task=args.prompts_per_task,
         max_new_tokens=args.max_new_tokens,
         mode=args.mode,
+        calibration_prompts_per_task=args.calibration_prompts[0],
+        calibration_report_prompts_per_task=args.calibration_prompts[1],
         cuda_graphs=args.cuda_graphs,
     )
     for setting in args.settings:

@@ -28,6 +28,7 @@ from train.confidence import ECE_BINS, CalibrationFit, expected_calibration_erro
 
 GREEDY = SamplingParams()
 FIGURE_FILE = "confidence_reliability.png"
+NOISE_DRAWS = 200  # outcome draws behind ece_if_calibrated
 
 
 @dataclass
@@ -103,11 +104,25 @@ def auroc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
+def ece_if_calibrated(
+    predicted: torch.Tensor, num_bins: int = ECE_BINS, draws: int = NOISE_DRAWS, seed: int = 0
+) -> float:
+    """The ECE a perfectly calibrated head would show on these rounds: the mean ECE of the same
+    predictions [n] against outcomes drawn from them. On a few hundred rounds this floor is a
+    few hundredths, which is why the report needs many rounds before an ECE goal means anything."""
+    generator = torch.Generator().manual_seed(seed)
+    predicted = predicted.double().cpu()
+    outcomes = torch.bernoulli(predicted.expand(draws, -1), generator=generator)
+    return float(expected_calibration_error(predicted.expand(draws, -1), outcomes, num_bins).mean())
+
+
 def position_metrics(predicted: torch.Tensor, outcomes: torch.Tensor, num_bins: int = ECE_BINS) -> dict:
-    """ECE, AUROC and Brier of predicted survival [n] against realised outcomes [n] (0/1)."""
+    """ECE (and its floor, `ece_if_calibrated`), AUROC and Brier of predicted survival [n]
+    against realised outcomes [n] (0/1)."""
     predicted, outcomes = predicted.double(), outcomes.double()
     return {
         "ece": float(expected_calibration_error(predicted, outcomes, num_bins)),
+        "ece_if_calibrated": ece_if_calibrated(predicted, num_bins),
         "auroc": auroc(predicted, outcomes),
         "brier": float((predicted - outcomes).square().mean()),
         "mean_predicted": float(predicted.mean()),
@@ -173,7 +188,8 @@ def calibration_report(
     """The eval report's calibration section (JSON-safe: nan -> None) and its PNG.
 
     {"draft_length", "rounds", "temperatures", "positions": [{"position", "rounds",
-    "accept_rate", "before": {ece, auroc, brier, mean_predicted}, "after": {...}}],
+    "accept_rate", "before": {ece, ece_if_calibrated, auroc, brier, mean_predicted},
+    "after": {...}}],
     "max_ece_before", "max_ece_after", "images": [png path]}
     """
     before, after = survival(rounds.logits), survival(rounds.logits, temperatures)

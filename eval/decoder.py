@@ -562,11 +562,13 @@ class SpeculativeDecoder:
                 hidden, logits = self._drafter_step(hidden, token.unsqueeze(0), slot.unsqueeze(0), slot, mask)
                 logits = logits[:, -1]
                 position += 1
-        draft_tokens = torch.stack(drafts, dim=1) if drafts else state.pending_ids.new_zeros(1, 0)  # [1, k]
+        verified = self.drafting.policy.verify_count(steps) if steps else 0
+        drafts, draft_probs = drafts[:verified], draft_probs[:verified]
+        draft_tokens = torch.stack(drafts, dim=1) if drafts else state.pending_ids.new_zeros(1, 0)  # [1, v]
         result = self._verify_chain(state, draft_tokens, draft_probs, sampling, generator)
-        if confidence_logits:
-            result.confidence_logits = torch.cat(confidence_logits)
-        self.drafting.policy.end_round(steps, result.accepted)
+        if confidence_logits[:verified]:
+            result.confidence_logits = torch.cat(confidence_logits[:verified])
+        self.drafting.policy.end_round(steps, verified, result.accepted)
         return result
 
     def _draft_confidence(

@@ -2,9 +2,12 @@
 confidence-based score of draft-tree nodes.
 
 The decoder calls `start_request` before a request, `should_continue` after each drafted
-token with everything drafted so far in this round, and `end_round` with the number of drafts
-verification accepted; it never drafts more than `max_draft_len` (nor more than the tokens
-left to generate). A policy that looks at values (not just the count) must read the device
+token with everything drafted so far in this round, `verify_count` once drafting stops (how
+many of the drafts, a prefix, verification gets: drafting is paid by then, verification is
+not), and `end_round` with the drafts, how many were verified and how many verification
+accepted; it never drafts more than `max_draft_len` (nor more than the tokens left to
+generate). Which drafts are verified depends on draft-side values only, never on the target,
+so any prefix keeps decoding lossless. A policy that looks at values (not just the count) must read the device
 once per draft step: that is the price of a dynamic draft length.
 
 Policies with `needs_confidence` read `DraftStep.confidence`, the calibrated c_k of a
@@ -40,7 +43,9 @@ class DraftLengthPolicy(Protocol):
 
     def should_continue(self, steps: Sequence[DraftStep]) -> bool: ...
 
-    def end_round(self, steps: Sequence[DraftStep], accepted: int) -> None: ...
+    def verify_count(self, steps: Sequence[DraftStep]) -> int: ...
+
+    def end_round(self, steps: Sequence[DraftStep], verified: int, accepted: int) -> None: ...
 
 
 def check_draft_len(max_draft_len: int) -> None:
@@ -64,7 +69,10 @@ class StaticDraftLength:
     def should_continue(self, steps: Sequence[DraftStep]) -> bool:
         return len(steps) < self.max_draft_len
 
-    def end_round(self, steps: Sequence[DraftStep], accepted: int) -> None:
+    def verify_count(self, steps: Sequence[DraftStep]) -> int:
+        return len(steps)
+
+    def end_round(self, steps: Sequence[DraftStep], verified: int, accepted: int) -> None:
         pass
 
 
@@ -91,7 +99,10 @@ class DraftProbabilityThreshold:
         chain_prob = torch.stack([step.token_prob for step in steps]).prod(dim=0)  # [B]
         return bool((chain_prob >= self.threshold).all())
 
-    def end_round(self, steps: Sequence[DraftStep], accepted: int) -> None:
+    def verify_count(self, steps: Sequence[DraftStep]) -> int:
+        return len(steps)
+
+    def end_round(self, steps: Sequence[DraftStep], verified: int, accepted: int) -> None:
         pass
 
 
@@ -182,32 +193,39 @@ class ConfidenceThreshold:
         survival = self.correction.apply(_confidences(steps)).prod(dim=0)  # [B]
         return bool((survival >= self.threshold).all())
 
-    def end_round(self, steps: Sequence[DraftStep], accepted: int) -> None:
-        if steps:
-            self.correction.update(_confidences(steps), accepted)
+    def verify_count(self, steps: Sequence[DraftStep]) -> int:
+        return len(steps)
+
+    def end_round(self, steps: Sequence[DraftStep], verified: int, accepted: int) -> None:
+        if verified:
+            self.correction.update(_confidences(steps[:verified]), accepted)
 
 
 @dataclass
 class ExpectedGain:
-    """Draft one more token only while its expected yield pays for its cost (SPEC.md section 3).
+    """Draft, and verify, only what pays for its cost (SPEC.md section 3).
 
-    Cost, in target forward steps, of a round with L drafts:
-        C(L) = verify(L) + beta_round + L * alpha,   verify(L) = 1 + L * beta_per_token
-    (or the measured `verify_costs[L]`: the target forward over the root and L drafts, relative
+    Cost, in target forward steps, of a round with D drafts of which V are verified:
+        C(D, V) = verify(V) + beta_round + D * alpha,   verify(V) = 1 + V * beta_per_token
+    (or the measured `verify_costs[V]`: the target forward over the root and V drafts, relative
     to a plain one-token step; CPUs are far from linear, SPEC.md section 7). alpha: one drafter
-    step (the catch-up that yields draft 1 counts as one). Its expected yield: N(L) = 1 + Σ_{j<=L} a_j
+    step (the catch-up that yields draft 1 counts as one). Its expected yield: N(V) = 1 + Σ_{j<=V} a_j
     (the target's own token, plus each draft that survives). Plain decoding yields 1 per step, so a
     round beats it iff N > C: the SPEC's a > 1 + α + β.
 
     Rule. Rounds are renewal cycles, so the long-run rate is E[N] / E[C], and a stopping rule
     maximises it iff it maximises E[N - ρ* C] per round, ρ* being that best rate (Dinkelbach).
-    After k drafts (survival a_k, last conditional c_k), the later drafts are predicted to survive
-    with â_j = a_k c_k^(j - k); drafting goes on iff some L in (k, K] has
-        Σ_{k<j<=L} â_j  >  ρ (C(L) - C(k)),
+    Drafting: after k drafts (survival a_k, last conditional c_k), the later drafts are predicted
+    to survive with â_j = a_k c_k^(j - k); drafting goes on iff some L in (k, K] has
+        Σ_{k<j<=L} â_j  >  ρ (C(L, L) - C(k, k)),
     where ρ is the request's running rate (tokens per target step, starting from plain decoding's
     1), so what a draft must earn rises as the request proves speculation pays. With a linear cost
     this is â_{k+1} > ρ (alpha + beta_per_token): one more token's survival × 1 token against its
     marginal cost; a measured non-linear `verify_costs` is why the rule looks further ahead.
+    Verifying: once drafting stops, the drafts are paid for; verification gets the prefix V <= D
+    maximising Σ_{j<=V} a_j - ρ (verify(V) - verify(0)), which is V = 0, a plain target step,
+    where even the first draft's survival does not pay for verifying it: where speculation should
+    be switched off, it is, one round at a time.
     """
 
     max_draft_len: int
@@ -235,10 +253,16 @@ class ExpectedGain:
         self.correction = RunningCorrection(self.adapt_rate)
         self.start_request()
 
-    def round_cost(self, drafts: int) -> float:
-        """C(L) in target steps."""
-        verify = 1 + drafts * self.beta_per_token if self.verify_costs is None else self.verify_costs[drafts]
-        return verify + self.beta_round + drafts * self.alpha
+    def verify_cost(self, verified: int) -> float:
+        """verify(V) in target steps."""
+        if self.verify_costs is None:
+            return 1 + verified * self.beta_per_token
+        return self.verify_costs[verified]
+
+    def round_cost(self, drafts: int, verified: int | None = None) -> float:
+        """C(D, V) in target steps; V = D unless given."""
+        verified = drafts if verified is None else verified
+        return self.verify_cost(verified) + self.beta_round + drafts * self.alpha
 
     @property
     def rate(self) -> float:
@@ -265,26 +289,43 @@ class ExpectedGain:
                 return True
         return False
 
-    def end_round(self, steps: Sequence[DraftStep], accepted: int) -> None:
+    def verify_count(self, steps: Sequence[DraftStep]) -> int:
+        if not steps:
+            return 0
+        corrected = self.correction.apply(_confidences(steps))  # [k, B]
+        survivals = corrected.cumprod(dim=0).min(dim=1).values.tolist()  # worst row, one device read
+        rate, best, best_value, gain = self.rate, 0, 0.0, 0.0
+        for verified, survival in enumerate(survivals, start=1):
+            gain += survival
+            value = gain - rate * (self.verify_cost(verified) - self.verify_cost(0))
+            if value > best_value:
+                best, best_value = verified, value
+        return best
+
+    def end_round(self, steps: Sequence[DraftStep], verified: int, accepted: int) -> None:
         self._tokens += accepted + 1
-        self._cost += self.round_cost(len(steps))
-        if steps:
-            self.correction.update(_confidences(steps), accepted)
+        self._cost += self.round_cost(len(steps), verified)
+        if verified:
+            self.correction.update(_confidences(steps[:verified]), accepted)
 
 
 def expected_gain_from_costs(max_draft_len: int, costs: dict, adapt_rate: float = 0.05) -> ExpectedGain:
     """An ExpectedGain priced by eval/run.py's `measure_costs` of a chain: its alpha is a round
-    of K = verify_tokens - 1 draft steps and its beta the verification of K + 1 tokens minus one
-    plain step, both over one plain step, so per draft they are alpha / K and beta / K."""
+    of K = verify_tokens - 1 draft steps over one plain step, so alpha / K per draft; its
+    verification the measured curve `verify_costs` when there is one for K >= max_draft_len,
+    else linear in the drafts with beta / K per draft (beta: verifying K + 1 tokens minus one
+    plain step, over one plain step)."""
     drafts = costs["verify_tokens"] - 1
     if drafts < 1:
         raise ValueError(
             f"costs measured with verify_tokens={costs['verify_tokens']}: need at least one draft"
         )
+    curve = costs.get("verify_costs")
     return ExpectedGain(
         max_draft_len,
         alpha=max(costs["alpha"], 0.0) / drafts,
         beta_per_token=max(costs["beta"], 0.0) / drafts,
+        verify_costs=tuple(curve[: max_draft_len + 1]) if curve and len(curve) > max_draft_len else None,
         adapt_rate=adapt_rate,
     )
 

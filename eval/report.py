@@ -153,8 +153,12 @@ def markdown(report: dict) -> str:
         lines.append(
             f"Measured costs: α = {costs['alpha']:.3f} (drafting a round / target step), "
             f"β = {costs['beta']:.3f} (verification overhead / target step); speculation pays "
-            f"where AL > {costs['break_even_acceptance_length']:.2f}."
+            f"where AL > {costs['break_even_acceptance_length']:.2f} "
+            f"(a round of {costs['verify_tokens'] - 1} drafts)."
         )
+        if costs.get("verify_costs"):
+            curve = ", ".join(f"{cost:.2f}" for cost in costs["verify_costs"])
+            lines.append(f"Verifying 0, 1, 2, ... drafts costs {curve} target steps.")
     compared = report.get("compare") or {}
     if compared:
         main = report["settings"]["policy"] + ":" + str(report["settings"]["draft_length"])
@@ -178,15 +182,20 @@ def markdown(report: dict) -> str:
             f"Confidence calibration on real decoding ({calibration['rounds']} rounds; survival a_j = Π c_i "
             "against the realised accept-prefix), before → after temperature scaling:",
             "",
-            "| position | rounds | accept rate | ECE | AUROC | Brier |",
-            "|---|---|---|---|---|---|",
+            "| position | rounds | accept rate | ECE | ECE if calibrated | AUROC | Brier |",
+            "|---|---|---|---|---|---|---|",
         ]
         for p in calibration["positions"]:
             b, a = p["before"], p["after"]
             lines.append(
                 f"| {p['position']} | {p['rounds']} | {p['accept_rate']:.2f} | {_num(b['ece'])} → {_num(a['ece'])} "
+                f"| {_num(a.get('ece_if_calibrated'))} "
                 f"| {_num(b['auroc'])} → {_num(a['auroc'])} | {_num(b['brier'])} → {_num(a['brier'])} |"
             )
+        lines.append(
+            "(ECE if calibrated: what a perfectly calibrated head would score on these rounds, after "
+            "calibration; an ECE near it is as good as this many rounds can show.)"
+        )
     return "\n".join(lines) + "\n"
 
 

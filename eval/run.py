@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,7 +59,8 @@ class EvalConfig:
     # static: always draft_length; draft_prob: EAGLE-2's stop rule (chain probability below
     # policy_threshold ends the round); confidence: the confidence head's survival below
     # policy_threshold ends it (trees keep the nodes of highest survival); expected_gain:
-    # draft while the next token's survival pays its measured cost (alpha, beta).
+    # draft while the next token's survival pays its measured cost (alpha, beta), and verify
+    # only the drafts whose survival pays for verifying them (none: a plain step).
     policy: str = "static"
     policy_threshold: float = 0.3
     # More chain settings "policy:K" (e.g. static:2, draft_prob:8) decoded on the same turns,
@@ -69,6 +71,10 @@ class EvalConfig:
     # fits the per-position temperatures; the evaluated prompts then report ECE/AUROC/Brier.
     # 0 = keep the temperatures fitted at training time.
     calibration_prompts_per_task: int = 2
+    # Confidence heads: further held-out prompts per task to report the calibration on (more
+    # rounds than the evaluated prompts give: on a few hundred rounds even a perfectly calibrated
+    # head scores an ECE of a few hundredths). 0 = report on the evaluated prompts.
+    calibration_report_prompts_per_task: int = 0
     # Tree drafting: top-k expansion per depth and total node budget.
     tree_top_k: int = 4
     tree_budget: int = 12
@@ -142,18 +148,25 @@ def calibrate(
     out_dir: Path,
 ) -> dict:
     """Fit the confidence temperatures on real decoding of prompts the eval does not use, then
-    report per-position ECE/AUROC/Brier of the survival on the evaluated prompts."""
+    report per-position ECE/AUROC/Brier of the survival on the evaluated prompts, or on further
+    held-out ones (calibration_report_prompts_per_task). First turns only."""
     static = dataclasses.replace(cfg, mode="chain", policy="static")
     decoder = make_decoder(target, head, kind, static, max_len, confidence)
-    fit = []
-    if cfg.calibration_prompts_per_task:
+    fit_count, report_count = cfg.calibration_prompts_per_task, cfg.calibration_report_prompts_per_task
+    fit, held_out = [], []
+    if fit_count or report_count:
         for task in cfg.tasks:
-            extra = load_eval_set(task, (cfg.prompts_per_task or 0) + cfg.calibration_prompts_per_task)
-            fit += [
-                encode_turn(target, [], p.turns[0])
-                for p in extra[len(extra) - cfg.calibration_prompts_per_task :]
-            ]
-    report_ids = [encode_turn(target, [], p.turns[0]) for p in prompts]
+            evaluated = cfg.prompts_per_task or len(load_eval_set(task))
+            extra = load_eval_set(task, evaluated + fit_count + report_count)[evaluated:]
+            if len(extra) < fit_count + report_count:
+                raise ValueError(
+                    f"eval set {task!r} has {evaluated + len(extra)} prompts: too few for {evaluated} evaluated "
+                    f"+ eval.calibration_prompts_per_task={fit_count} + eval.calibration_report_prompts_per_task="
+                    f"{report_count} disjoint ones (lower them, or eval.prompts_per_task)"
+                )
+            fit += [encode_turn(target, [], p.turns[0]) for p in extra[:fit_count]]
+            held_out += [encode_turn(target, [], p.turns[0]) for p in extra[fit_count:]]
+    report_ids = held_out or [encode_turn(target, [], p.turns[0]) for p in prompts]
     sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     generator = torch.Generator(device=target.device).manual_seed(cfg.seed + 1)
     return evaluate_calibration(decoder, fit, report_ids, cfg.max_new_tokens, out_dir, sampling, generator)
@@ -223,24 +236,29 @@ class Runner:
 @torch.no_grad()
 def measure_costs(decoder: SpeculativeDecoder, cfg: EvalConfig, context: int = 256, reps: int = 8) -> dict:
     """α: drafting one round / one plain target step; β: verifying K + 1 tokens minus one
-    plain step, over one plain step. Measured here, on this machine, at `context` tokens."""
+    plain step, over one plain step; verify_costs[V]: verifying the root and V drafts, V = 0..K
+    (chains), over one plain step. Measured here, on this machine, at `context` tokens; each
+    figure is the median of `reps` timings, so one preempted call does not move it."""
     plain = decoder.plain
     context = min(context, plain.max_len - cfg.draft_length - 2)
     prompt = torch.randint(0, plain.vocab_size, (1, context), device=plain.device)
     plain.forward(prompt, 0)
     verify_len = decoder.drafting.verify_room if cfg.mode == "tree" else cfg.draft_length + 1
     one = prompt[:, -1:]
-    many = prompt[:, -verify_len:]
 
     def timed(fn) -> float:
         fn()  # warm-up
-        start = time.perf_counter()
+        times = []
         for _ in range(reps):
+            start = time.perf_counter()
             fn()
-        return (time.perf_counter() - start) / reps
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
 
     step = timed(lambda: plain.forward(one, context))
-    verify = timed(lambda: plain.forward(many, context))
+    verify = {1: step}
+    for tokens in range(2, verify_len + 1) if cfg.mode == "chain" else [verify_len]:
+        verify[tokens] = timed(lambda: plain.forward(prompt[:, -tokens:], context))
     draft_round = 0.0
     if hasattr(decoder.drafter, "step"):
         hidden = decoder.drafter.project_features(
@@ -254,17 +272,20 @@ def measure_costs(decoder: SpeculativeDecoder, cfg: EvalConfig, context: int = 2
             lambda: decoder.drafter.step(hidden, one, slot.unsqueeze(0), decoder.drafter_cache, slot, mask)
         )
         draft_round = cfg.draft_length * one_draft
-    alpha, beta = draft_round / step, (verify - step) / step
-    return {
+    alpha, beta = draft_round / step, (verify[verify_len] - step) / step
+    costs = {
         "context_tokens": context,
         "target_step_ms": 1000 * step,
-        "verify_ms": 1000 * verify,
+        "verify_ms": 1000 * verify[verify_len],
         "verify_tokens": verify_len,
         "draft_round_ms": 1000 * draft_round,
         "alpha": alpha,
         "beta": beta,
         "break_even_acceptance_length": 1 + alpha + beta,
     }
+    if cfg.mode == "chain":
+        costs["verify_costs"] = [verify[tokens] / step for tokens in range(1, verify_len + 1)]
+    return costs
 
 
 def evaluate(
@@ -291,10 +312,10 @@ def evaluate(
     prompts: list[EvalPrompt] = [p for task in cfg.tasks for p in load_eval_set(task, cfg.prompts_per_task)]
     longest = max(len(encode_turn(target, [], " ".join(p.turns))) for p in prompts)
     max_len = longest + cfg.max_new_tokens * (1 + max(len(p.turns) for p in prompts)) + 16
+    # Calibrate and price drafts as deep as the deepest setting drafts.
+    deepest = max(variant.draft_length for variant in variants.values())
     calibration = None
     if confidence is not None and kind != "medusa":
-        # Calibrate as deep as the deepest setting drafts: temperatures exist per position.
-        deepest = max(variant.draft_length for variant in variants.values())
         calibration = calibrate(
             target,
             head,
@@ -308,7 +329,7 @@ def evaluate(
         confidence.save_pretrained(head_dir)  # ship the temperatures fitted on real decoding
     costs = None
     if kind != "medusa":
-        static = dataclasses.replace(cfg, policy="static")
+        static = dataclasses.replace(cfg, policy="static", draft_length=deepest)
         costs = measure_costs(make_decoder(target, head, kind, static, max_len), static)
     decoders = {
         name: make_decoder(target, head, kind, variant, max_len, confidence, costs)

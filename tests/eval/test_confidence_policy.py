@@ -75,12 +75,35 @@ def test_expected_gain_looks_past_a_costly_step_of_a_measured_verification_curve
     assert not flat.should_continue(steps(0.9))
 
 
+def test_expected_gain_verifies_only_the_prefix_that_pays_for_its_verification():
+    # Linear: verifying each draft costs 0.3 target steps; survivals 0.9, 0.45, 0.225.
+    linear = ExpectedGain(max_draft_len=4, alpha=0.1, beta_per_token=0.3, adapt_rate=0.0)
+    assert linear.verify_count(steps(0.9, 0.5, 0.5)) == 2
+    assert linear.verify_count(steps(0.2, 0.9)) == 0  # the first draft alone does not pay: a plain step
+    assert linear.verify_count([]) == 0
+    # Measured curve: one draft costs a whole step more, three cost no more than two.
+    curve = ExpectedGain(max_draft_len=3, alpha=0.1, verify_costs=(1.0, 2.0, 1.5, 1.5), adapt_rate=0.0)
+    assert curve.verify_count(steps(0.6)) == 0  # 0.6 < 1.0
+    assert curve.verify_count(steps(0.6, 0.5)) == 2  # 0.9 > 0.5
+    assert curve.verify_count(steps(0.6, 0.5, 0.5)) == 3  # + 0.15 for free
+    free = ExpectedGain(max_draft_len=3, alpha=0.1, adapt_rate=0.0)  # verification costs nothing extra
+    assert free.verify_count(steps(0.01, 0.01, 0.01)) == 3
+
+
+def test_expected_gain_prices_drafts_it_did_not_verify():
+    policy = ExpectedGain(max_draft_len=4, alpha=0.25, beta_per_token=0.5, adapt_rate=0.0)
+    policy.end_round(steps(0.1, 0.1), verified=0, accepted=0)  # 1 token for 1 + 2 x 0.25 steps
+    assert policy.rate == pytest.approx(2 / 2.5)
+    policy.end_round(steps(0.9, 0.9), verified=2, accepted=2)  # 3 tokens for 1 + 2 x 0.5 + 2 x 0.25
+    assert policy.rate == pytest.approx(5 / 5.0)
+
+
 def test_expected_gain_asks_more_of_a_draft_once_the_request_runs_fast():
     policy = ExpectedGain(max_draft_len=8, alpha=0.3, adapt_rate=0.0)
     policy.start_request()
     assert policy.rate == 1.0 and policy.should_continue(steps(0.6, 0.9))  # 0.486 > 0.3
     for _ in range(10):  # rounds of 4 drafts, all accepted: 5 tokens for 2.2 target steps
-        policy.end_round(steps(0.9, 0.9, 0.9, 0.9), accepted=4)
+        policy.end_round(steps(0.9, 0.9, 0.9, 0.9), verified=4, accepted=4)
     assert policy.rate > 2.0
     assert not policy.should_continue(steps(0.6, 0.9))  # 0.486 < rate x 0.3
     policy.start_request()
@@ -118,6 +141,13 @@ def test_expected_gain_takes_the_eval_runners_measured_costs_per_draft():
     policy = expected_gain_from_costs(6, {"alpha": 0.8, "beta": 0.4, "verify_tokens": 5})
     assert policy.alpha == pytest.approx(0.2) and policy.beta_per_token == pytest.approx(0.1)
     assert policy.round_cost(3) == pytest.approx(1 + 3 * 0.1 + 3 * 0.2)
+    assert policy.round_cost(3, verified=1) == pytest.approx(1 + 0.1 + 3 * 0.2)
+    curve = [1.0, 1.9, 1.7, 1.6, 1.6]
+    measured = expected_gain_from_costs(3, {"alpha": 0.8, "beta": 0.6, "verify_tokens": 5, "verify_costs": curve})
+    assert measured.verify_costs == (1.0, 1.9, 1.7, 1.6)
+    assert measured.round_cost(2, verified=1) == pytest.approx(1.9 + 2 * 0.2)
+    # A curve measured for fewer drafts than the policy may draft: the linear fit instead.
+    assert expected_gain_from_costs(6, {"alpha": 0.8, "beta": 0.4, "verify_tokens": 5, "verify_costs": curve}).verify_costs is None
 
 
 def test_child_survival_never_exceeds_the_parents_and_sampling_scores_ignore_the_drawn_tokens():
@@ -153,6 +183,11 @@ def reference(target):
 DRAFTINGS = {
     "threshold": lambda: ChainDrafting(ConfidenceThreshold(max_draft_len=6, threshold=0.4)),
     "expected-gain": lambda: ChainDrafting(ExpectedGain(max_draft_len=6, alpha=0.05, beta_per_token=0.05)),
+    # Verification as costly as on a CPU, and a running correction quick to learn that a random
+    # drafter's drafts fail: rounds verify fewer drafts than they drafted, down to none.
+    "expected-gain-pruned": lambda: ChainDrafting(
+        ExpectedGain(6, alpha=0.05, verify_costs=(1.0, 2.0, 2.4, 2.6, 2.7, 2.8, 2.9), adapt_rate=0.3)
+    ),
     "tree": lambda: TreeDrafting(depth=4, top_k=3, budget=10, by_confidence=True),
 }
 
@@ -167,16 +202,26 @@ def test_greedy_output_is_the_targets_own_with_confidence_on(target, reference, 
         MAX_LEN,
         confidence=confidence_head(target),
     )
-    accepted, lengths = 0, set()
+    accepted, lengths, plain_rounds = 0, set(), 0
     for prompt, expected in zip(PROMPTS, reference):
         out = decoder.generate(prompt, NEW_TOKENS)
         assert out.tokens == expected
         accepted += out.metrics.accepted_draft_tokens
         lengths |= {record.logits.numel() for record in out.confidence}
+        plain_rounds += _plain_rounds(out)
     if kind == "good":
         assert accepted > NEW_TOKENS  # the accept path is exercised, not just rejections
     if drafting != "tree":
         assert len(lengths) > 1  # the draft length really varied
+    if drafting == "expected-gain-pruned" and kind == "random":
+        assert plain_rounds > 0  # rounds whose drafts did not pay for verifying were plain steps
+
+
+def _plain_rounds(out) -> int:
+    """Rounds that verified no draft although one more token than the root was still wanted
+    (a request's last round may have room for none)."""
+    rounds, drafted = out.metrics.verification_rounds, out.metrics.proposed_per_position
+    return max(rounds - (drafted[0] if drafted else 0) - 1, 0)
 
 
 def test_chain_rounds_record_their_confidences_and_acceptance(target):
@@ -236,6 +281,9 @@ def test_confidence_settings_the_decoder_cannot_honour_are_refused(target):
 
 SAMPLED_DRAFTINGS = {
     "threshold": lambda: ChainDrafting(ConfidenceThreshold(max_draft_len=3, threshold=0.5)),
+    "expected-gain-pruned": lambda: ChainDrafting(
+        ExpectedGain(3, alpha=0.05, verify_costs=(1.0, 1.9, 2.2, 2.4), adapt_rate=0.3)
+    ),
     "tree": lambda: TreeDrafting(depth=3, top_k=2, budget=4, by_confidence=True),
 }
 
@@ -252,14 +300,17 @@ def test_sampled_generations_follow_the_target_with_confidence_on(drafting):
         target, drafter, SAMPLED_DRAFTINGS[drafting](), 8, eos_token_id=[], confidence=head
     )
     generator = torch.Generator().manual_seed(0)
-    samples, accepted, lengths = [], 0, set()
+    samples, accepted, lengths, plain_rounds = [], 0, set(), 0
     for _ in range(runs):
         out = decoder.generate(prompt, 5, sampling, generator)
         samples.append(out.tokens[0] * vocab**2 + out.tokens[1] * vocab + out.tokens[2])
         accepted += out.metrics.accepted_draft_tokens
         lengths |= {record.logits.numel() for record in out.confidence}
+        plain_rounds += _plain_rounds(out)
     assert 0 < accepted < 4 * runs
-    if drafting == "threshold":
+    if drafting != "tree":
         assert len(lengths) > 1
+    if drafting == "expected-gain-pruned":
+        assert plain_rounds > 0
     statistic, dof = chi_square(torch.tensor(samples), exact_continuations(target, prompt, 3, sampling))
     assert statistic < chi_square_critical(dof)

@@ -15,6 +15,10 @@ def prompts_jsonl(tmp_path):
         {"task": "toy", "id": "a", "category": "chat", "turns": ["the cat sat", "and then"]},
         {"task": "toy", "id": "b", "category": "chat", "turns": ["a dog ran under the table"]},
         {"task": "toy2", "id": "c", "category": "code", "turns": ["red blue red blue"]},
+        # Held out from the eval (prompts_per_task=3): confidence calibration decodes these.
+        {"task": "toy", "id": "d", "category": "chat", "turns": ["one two three four"]},
+        {"task": "toy", "id": "e", "category": "chat", "turns": ["the table and the cat"]},
+        {"task": "toy", "id": "f", "category": "chat", "turns": ["blue red blue"]},
     ]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     return path
@@ -23,7 +27,7 @@ def prompts_jsonl(tmp_path):
 def _eval_overrides(prompts_jsonl, *extra):
     return (
         f"eval.tasks=[{prompts_jsonl}]",
-        "eval.prompts_per_task=null",
+        "eval.prompts_per_task=3",
         "eval.max_new_tokens=8",
         "eval.draft_length=3",
         "stages=[prepare,train,eval]",
@@ -46,6 +50,8 @@ def test_eval_stage_writes_a_report_with_al_speedups_costs_and_plots(make_job, p
     for method in ("plain", "hf_greedy", "hf_prompt_lookup"):
         assert overall[f"speedup_vs_{method}"] > 0
     assert report["costs"]["alpha"] > 0 and report["costs"]["break_even_acceptance_length"] > 1
+    curve = report["costs"]["verify_costs"]  # verifying 0..3 drafts, in plain target steps
+    assert len(curve) == 4 and curve[0] == 1.0 and all(cost > 0 for cost in curve)
     assert "speculation_pays" in report["prompt_bucket"][next(iter(report["prompt_bucket"]))]
     assert len(overall["acceptance_by_position"]) == 3
     assert all(
@@ -83,7 +89,7 @@ def test_bench_ranks_settings_on_the_same_interleaved_turns(make_job, prompts_js
 
     job = make_job()
     run(job)
-    base = EvalConfig(tasks=[str(prompts_jsonl)], prompts_per_task=None, max_new_tokens=6)
+    base = EvalConfig(tasks=[str(prompts_jsonl)], prompts_per_task=3, max_new_tokens=6)
     settings = ["static:2", "draft_prob:3", "confidence:3"]
     rows = run_bench(
         Target.load(job.target), tmp_path / "run" / "head", tmp_path / "bench", base, settings, [0.0, 1.0]
@@ -103,13 +109,19 @@ def test_bench_ranks_settings_on_the_same_interleaved_turns(make_job, prompts_js
 def test_confidence_head_is_calibrated_on_decoding_and_drives_the_policies(make_job, prompts_jsonl, tmp_path):
     run(
         make_job(
-            *_eval_overrides(prompts_jsonl, "eval.calibration_prompts_per_task=1", "eval.policy=confidence")
+            *_eval_overrides(
+                prompts_jsonl,
+                "eval.calibration_prompts_per_task=1",
+                "eval.calibration_report_prompts_per_task=2",
+                "eval.policy=confidence",
+            )
         )
     )
     report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
     calibration = report["calibration"]
     assert calibration["rounds"] > 0 and calibration["positions"][0]["position"] == 1
-    assert {"ece", "auroc", "brier"} <= set(calibration["positions"][0]["after"])
+    assert {"ece", "ece_if_calibrated", "auroc", "brier"} <= set(calibration["positions"][0]["after"])
+    assert calibration["fitted_on_rounds"][0] > 0
     assert all(Path(p).is_file() for p in calibration["images"])
     assert report["greedy_mismatches"] == 0
     assert "Confidence calibration" in (tmp_path / "run" / "eval" / "report.md").read_text()
