@@ -536,7 +536,8 @@ class SpeculativeDecoder:
         return target_probs.index_copy_(draft_probs.dim() - 1, self.draft_token_ids, draft_probs)
 
     def _chain_round(self, state: _State, left: int, sampling: SamplingParams, generator) -> _Round:
-        max_drafts = min(self.drafting.policy.max_draft_len, left - 1)
+        drafting = self.drafting.policy.start_round()
+        max_drafts = min(self.drafting.policy.max_draft_len, left - 1) if drafting else 0
         drafts: list[torch.Tensor] = []  # [1] target ids
         draft_probs: list[torch.Tensor] = []  # [1, draft_V]
         steps: list[DraftStep] = []

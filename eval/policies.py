@@ -1,14 +1,15 @@
 """When to stop drafting a chain: the draft-length policy interface, its policies, and the
 confidence-based score of draft-tree nodes.
 
-The decoder calls `start_request` before a request, `should_continue` after each drafted
-token with everything drafted so far in this round, `verify_count` once drafting stops (how
-many of the drafts, a prefix, verification gets: drafting is paid by then, verification is
-not), and `end_round` with the drafts, how many were verified and how many verification
-accepted; it never drafts more than `max_draft_len` (nor more than the tokens left to
-generate). Which drafts are verified depends on draft-side values only, never on the target,
-so any prefix keeps decoding lossless. A policy that looks at values (not just the count) must read the device
-once per draft step: that is the price of a dynamic draft length.
+The decoder calls `start_request` before a request, then per round: `start_round` (False:
+draft nothing, the round is a plain target step), `should_continue` after each drafted token
+with everything drafted so far in this round, `verify_count` once drafting stops (how many of
+the drafts, a prefix, verification gets: drafting is paid by then, verification is not), and
+`end_round` with the drafts, how many were verified and how many verification accepted. It
+never drafts more than `max_draft_len` (nor more than the tokens left to generate). What is
+drafted and verified depends on draft-side values only, never on the target, so decoding
+stays lossless whatever a policy decides. A policy that looks at values (not just the count)
+must read the device once per draft step: that is the price of a dynamic draft length.
 
 Policies with `needs_confidence` read `DraftStep.confidence`, the calibrated c_k of a
 confidence head (heads/confidence.py) the decoder was given; the survival of draft j is
@@ -20,7 +21,7 @@ this request actually gets, and `ExpectedGain` prices drafts at the request's ru
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 import torch
 
@@ -35,17 +36,27 @@ class DraftStep:
     confidence: torch.Tensor | None = None  # [B] calibrated c_k; None when the decoder has no confidence head
 
 
-class DraftLengthPolicy(Protocol):
+class DraftLengthPolicy:
+    """The interface, with the defaults of a policy that drafts every round and verifies all
+    it drafted; a policy overrides what it decides (`should_continue` always)."""
+
     max_draft_len: int
-    needs_confidence: ClassVar[bool]  # the decoder refuses it without a confidence head
+    needs_confidence: ClassVar[bool] = False  # the decoder refuses it without a confidence head
 
-    def start_request(self) -> None: ...
+    def start_request(self) -> None:
+        pass
 
-    def should_continue(self, steps: Sequence[DraftStep]) -> bool: ...
+    def start_round(self) -> bool:
+        return True
 
-    def verify_count(self, steps: Sequence[DraftStep]) -> int: ...
+    def should_continue(self, steps: Sequence[DraftStep]) -> bool:
+        raise NotImplementedError
 
-    def end_round(self, steps: Sequence[DraftStep], verified: int, accepted: int) -> None: ...
+    def verify_count(self, steps: Sequence[DraftStep]) -> int:
+        return len(steps)
+
+    def end_round(self, steps: Sequence[DraftStep], verified: int, accepted: int) -> None:
+        pass
 
 
 def check_draft_len(max_draft_len: int) -> None:
@@ -54,56 +65,36 @@ def check_draft_len(max_draft_len: int) -> None:
 
 
 @dataclass
-class StaticDraftLength:
+class StaticDraftLength(DraftLengthPolicy):
     """Always K tokens (no device read)."""
 
     max_draft_len: int
-    needs_confidence: ClassVar[bool] = False
 
     def __post_init__(self):
         check_draft_len(self.max_draft_len)
 
-    def start_request(self) -> None:
-        pass
-
     def should_continue(self, steps: Sequence[DraftStep]) -> bool:
         return len(steps) < self.max_draft_len
 
-    def verify_count(self, steps: Sequence[DraftStep]) -> int:
-        return len(steps)
-
-    def end_round(self, steps: Sequence[DraftStep], verified: int, accepted: int) -> None:
-        pass
-
 
 @dataclass
-class DraftProbabilityThreshold:
+class DraftProbabilityThreshold(DraftLengthPolicy):
     """EAGLE-2's signal: keep drafting while the chain's draft probability (the product of the
     drafted tokens' probabilities, an estimate of its acceptance) stays above `threshold`."""
 
     max_draft_len: int
     threshold: float
-    needs_confidence: ClassVar[bool] = False
 
     def __post_init__(self):
         check_draft_len(self.max_draft_len)
         if not 0 <= self.threshold < 1:
             raise ValueError(f"draft policy threshold={self.threshold}: must be in [0, 1)")
 
-    def start_request(self) -> None:
-        pass
-
     def should_continue(self, steps: Sequence[DraftStep]) -> bool:
         if len(steps) >= self.max_draft_len:
             return False
         chain_prob = torch.stack([step.token_prob for step in steps]).prod(dim=0)  # [B]
         return bool((chain_prob >= self.threshold).all())
-
-    def verify_count(self, steps: Sequence[DraftStep]) -> int:
-        return len(steps)
-
-    def end_round(self, steps: Sequence[DraftStep], verified: int, accepted: int) -> None:
-        pass
 
 
 # --- confidence policies ----------------------------------------------------------------
@@ -167,7 +158,7 @@ def check_adapt_rate(adapt_rate: float) -> None:
 
 
 @dataclass
-class ConfidenceThreshold:
+class ConfidenceThreshold(DraftLengthPolicy):
     """Keep drafting while the survival a_k = Π c_i of the chain so far stays above `threshold`:
     the confidence head's estimate of "every draft so far is accepted" in place of EAGLE-2's
     draft probability."""
@@ -193,16 +184,13 @@ class ConfidenceThreshold:
         survival = self.correction.apply(_confidences(steps)).prod(dim=0)  # [B]
         return bool((survival >= self.threshold).all())
 
-    def verify_count(self, steps: Sequence[DraftStep]) -> int:
-        return len(steps)
-
     def end_round(self, steps: Sequence[DraftStep], verified: int, accepted: int) -> None:
         if verified:
             self.correction.update(_confidences(steps[:verified]), accepted)
 
 
 @dataclass
-class ExpectedGain:
+class ExpectedGain(DraftLengthPolicy):
     """Draft, and verify, only what pays for its cost (SPEC.md section 3).
 
     Cost, in target forward steps, of a round with D drafts of which V are verified:
@@ -226,6 +214,11 @@ class ExpectedGain:
     maximising Σ_{j<=V} a_j - ρ (verify(V) - verify(0)), which is V = 0, a plain target step,
     where even the first draft's survival does not pay for verifying it: where speculation should
     be switched off, it is, one round at a time.
+    Probing: learning c_1 costs a drafter step, paid even when nothing is verified. After n
+    drafting rounds in a row that verified nothing, the next min(2^(n-1), max_skip) rounds do not
+    draft at all (plain steps; the drafter catches up on their tokens in one forward when it next
+    drafts), so a request where drafts keep failing pays for a probe every max_skip + 1 rounds,
+    and one whose drafts start paying again is noticed within that many rounds.
     """
 
     max_draft_len: int
@@ -234,11 +227,14 @@ class ExpectedGain:
     beta_round: float = 0.0
     verify_costs: tuple[float, ...] | None = None
     adapt_rate: float = 0.05
+    max_skip: int = 8  # 0: draft every round
     needs_confidence: ClassVar[bool] = True
 
     def __post_init__(self):
         check_draft_len(self.max_draft_len)
         check_adapt_rate(self.adapt_rate)
+        if self.max_skip < 0:
+            raise ValueError(f"draft policy max_skip={self.max_skip}: must be >= 0 rounds")
         for name in ("alpha", "beta_per_token", "beta_round"):
             value = getattr(self, name)
             if not 0 <= value < math.inf:
@@ -272,6 +268,13 @@ class ExpectedGain:
     def start_request(self) -> None:
         self.correction.reset()
         self._tokens, self._cost = 1.0, 1.0
+        self._idle = self._skip = 0  # drafting rounds in a row that verified nothing; rounds left to skip
+
+    def start_round(self) -> bool:
+        if self._skip:
+            self._skip -= 1
+            return False
+        return True
 
     def should_continue(self, steps: Sequence[DraftStep]) -> bool:
         drafted = len(steps)
@@ -307,6 +310,10 @@ class ExpectedGain:
         self._cost += self.round_cost(len(steps), verified)
         if verified:
             self.correction.update(_confidences(steps[:verified]), accepted)
+            self._idle = 0
+        elif steps:
+            self._idle += 1
+            self._skip = min(2 ** (self._idle - 1), self.max_skip)
 
 
 def expected_gain_from_costs(max_draft_len: int, costs: dict, adapt_rate: float = 0.05) -> ExpectedGain:

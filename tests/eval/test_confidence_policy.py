@@ -90,6 +90,28 @@ def test_expected_gain_verifies_only_the_prefix_that_pays_for_its_verification()
     assert free.verify_count(steps(0.01, 0.01, 0.01)) == 3
 
 
+def test_expected_gain_probes_less_often_while_its_drafts_keep_failing():
+    policy = ExpectedGain(max_draft_len=4, alpha=0.1, beta_per_token=0.5, adapt_rate=0.0, max_skip=4)
+
+    def skipped_after_a_failed_probe() -> int:
+        assert policy.start_round()
+        policy.end_round(steps(0.1, 0.1), verified=0, accepted=0)
+        skipped = 0
+        while not policy.start_round():
+            policy.end_round([], verified=0, accepted=0)
+            skipped += 1
+        return skipped
+
+    assert [skipped_after_a_failed_probe() for _ in range(4)] == [1, 2, 4, 4]
+    policy.end_round(steps(0.9), verified=1, accepted=1)  # a probe that paid: draft every round again
+    assert skipped_after_a_failed_probe() == 1
+    policy.start_request()
+    assert policy.start_round()
+    never = ExpectedGain(max_draft_len=4, alpha=0.1, adapt_rate=0.0, max_skip=0)
+    never.end_round(steps(0.1), verified=0, accepted=0)
+    assert never.start_round()
+
+
 def test_expected_gain_prices_drafts_it_did_not_verify():
     policy = ExpectedGain(max_draft_len=4, alpha=0.25, beta_per_token=0.5, adapt_rate=0.0)
     policy.end_round(steps(0.1, 0.1), verified=0, accepted=0)  # 1 token for 1 + 2 x 0.25 steps
@@ -133,6 +155,8 @@ def test_bad_confidence_policies_are_refused():
         ExpectedGain(max_draft_len=4, alpha=-0.1)
     with pytest.raises(ValueError, match="need 5 positive costs"):
         ExpectedGain(max_draft_len=4, alpha=0.1, verify_costs=(1.0, 1.1))
+    with pytest.raises(ValueError, match="max_skip=-1"):
+        ExpectedGain(max_draft_len=4, alpha=0.1, max_skip=-1)
     with pytest.raises(ValueError, match="adapt_rate=2"):
         ConfidenceThreshold(max_draft_len=4, threshold=0.5, adapt_rate=2)
 
