@@ -65,7 +65,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--settings", nargs="+", default=["static:4"], help="policy:K, e.g. static:4")
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0])
     parser.add_argument(
-        "--calibration-prompts", nargs=2, type=int, default=[2, 0], metavar=("FIT", "REPORT"),
+        "--calibration-prompts",
+        nargs=2,
+        type=int,
+        default=[2, 0],
+        metavar=("FIT", "REPORT"),
         help="confidence heads: held-out prompts per task to fit the temperatures on, and to report "
         "the calibration on (0: the benchmarked prompts)",
     )

@@ -536,8 +536,8 @@ class SpeculativeDecoder:
         return target_probs.index_copy_(draft_probs.dim() - 1, self.draft_token_ids, draft_probs)
 
     def _chain_round(self, state: _State, left: int, sampling: SamplingParams, generator) -> _Round:
-        drafting = self.drafting.policy.start_round()
-        max_drafts = min(self.drafting.policy.max_draft_len, left - 1) if drafting else 0
+        policy = self.drafting.policy
+        max_drafts = min(policy.max_draft_len, left - 1) if policy.start_round() else 0
         drafts: list[torch.Tensor] = []  # [1] target ids
         draft_probs: list[torch.Tensor] = []  # [1, draft_V]
         steps: list[DraftStep] = []
@@ -556,20 +556,20 @@ class SpeculativeDecoder:
                 draft_probs.append(probs)
                 token_prob = log_probs.gather(-1, draft_id.unsqueeze(-1)).exp()[:, 0]
                 steps.append(DraftStep(token, token_prob, hidden[:, -1], confidence))
-                if len(steps) == max_drafts or not self.drafting.policy.should_continue(steps):
+                if len(steps) == max_drafts or not policy.should_continue(steps):
                     break
                 slot = self.plain.slots[position : position + 1]
                 mask = causal_mask(position, 1, self.drafter_cache_len, self.device)
                 hidden, logits = self._drafter_step(hidden, token.unsqueeze(0), slot.unsqueeze(0), slot, mask)
                 logits = logits[:, -1]
                 position += 1
-        verified = self.drafting.policy.verify_count(steps) if steps else 0
+        verified = policy.verify_count(steps) if steps else 0
         drafts, draft_probs = drafts[:verified], draft_probs[:verified]
         draft_tokens = torch.stack(drafts, dim=1) if drafts else state.pending_ids.new_zeros(1, 0)  # [1, v]
         result = self._verify_chain(state, draft_tokens, draft_probs, sampling, generator)
         if confidence_logits[:verified]:
             result.confidence_logits = torch.cat(confidence_logits[:verified])
-        self.drafting.policy.end_round(steps, verified, result.accepted)
+        policy.end_round(steps, verified, result.accepted)
         return result
 
     def _draft_confidence(

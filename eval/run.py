@@ -156,11 +156,12 @@ def calibrate(
     fit, held_out = [], []
     if fit_count or report_count:
         for task in cfg.tasks:
-            evaluated = cfg.prompts_per_task or len(load_eval_set(task))
-            extra = load_eval_set(task, evaluated + fit_count + report_count)[evaluated:]
+            every = load_eval_set(task)
+            evaluated = min(cfg.prompts_per_task or len(every), len(every))
+            extra = every[evaluated : evaluated + fit_count + report_count]
             if len(extra) < fit_count + report_count:
                 raise ValueError(
-                    f"eval set {task!r} has {evaluated + len(extra)} prompts: too few for {evaluated} evaluated "
+                    f"eval set {task!r} has {len(every)} prompts: too few for {evaluated} evaluated "
                     f"+ eval.calibration_prompts_per_task={fit_count} + eval.calibration_report_prompts_per_task="
                     f"{report_count} disjoint ones (lower them, or eval.prompts_per_task)"
                 )
@@ -258,7 +259,7 @@ def measure_costs(decoder: SpeculativeDecoder, cfg: EvalConfig, context: int = 2
     step = timed(lambda: plain.forward(one, context))
     verify = {1: step}
     for tokens in range(2, verify_len + 1) if cfg.mode == "chain" else [verify_len]:
-        verify[tokens] = timed(lambda: plain.forward(prompt[:, -tokens:], context))
+        verify[tokens] = timed(lambda window=prompt[:, -tokens:]: plain.forward(window, context))
     draft_round = 0.0
     if hasattr(decoder.drafter, "step"):
         hidden = decoder.drafter.project_features(

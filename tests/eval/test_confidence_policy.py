@@ -167,11 +167,18 @@ def test_expected_gain_takes_the_eval_runners_measured_costs_per_draft():
     assert policy.round_cost(3) == pytest.approx(1 + 3 * 0.1 + 3 * 0.2)
     assert policy.round_cost(3, verified=1) == pytest.approx(1 + 0.1 + 3 * 0.2)
     curve = [1.0, 1.9, 1.7, 1.6, 1.6]
-    measured = expected_gain_from_costs(3, {"alpha": 0.8, "beta": 0.6, "verify_tokens": 5, "verify_costs": curve})
+    measured = expected_gain_from_costs(
+        3, {"alpha": 0.8, "beta": 0.6, "verify_tokens": 5, "verify_costs": curve}
+    )
     assert measured.verify_costs == (1.0, 1.9, 1.7, 1.6)
     assert measured.round_cost(2, verified=1) == pytest.approx(1.9 + 2 * 0.2)
     # A curve measured for fewer drafts than the policy may draft: the linear fit instead.
-    assert expected_gain_from_costs(6, {"alpha": 0.8, "beta": 0.4, "verify_tokens": 5, "verify_costs": curve}).verify_costs is None
+    assert (
+        expected_gain_from_costs(
+            6, {"alpha": 0.8, "beta": 0.4, "verify_tokens": 5, "verify_costs": curve}
+        ).verify_costs
+        is None
+    )
 
 
 def test_child_survival_never_exceeds_the_parents_and_sampling_scores_ignore_the_drawn_tokens():
