@@ -5,7 +5,7 @@ Every figure of one table comes from one run (same prompts, warm-up, interleaved
     python eval/bench.py --head outputs/eagle3/head --out outputs/bench
     python eval/bench.py --head outputs/eagle3/head --out outputs/bench \
         --settings expected_gain:8 confidence:8 static:2 static:4 static:6 static:8 draft_prob:8 \
-        --calibration-prompts 6 10
+        --calibration-prompts 4 8
 """
 
 import argparse
