@@ -563,12 +563,13 @@ class SpeculativeDecoder:
                 hidden, logits = self._drafter_step(hidden, token.unsqueeze(0), slot.unsqueeze(0), slot, mask)
                 logits = logits[:, -1]
                 position += 1
-        verified = policy.verify_count(steps) if steps else 0
+        verified = policy.verify_count(steps)
         drafts, draft_probs = drafts[:verified], draft_probs[:verified]
+        confidence_logits = confidence_logits[:verified]
         draft_tokens = torch.stack(drafts, dim=1) if drafts else state.pending_ids.new_zeros(1, 0)  # [1, v]
         result = self._verify_chain(state, draft_tokens, draft_probs, sampling, generator)
-        if confidence_logits[:verified]:
-            result.confidence_logits = torch.cat(confidence_logits[:verified])
+        if confidence_logits:
+            result.confidence_logits = torch.cat(confidence_logits)
         policy.end_round(steps, verified, result.accepted)
         return result
 

@@ -153,6 +153,10 @@ def calibrate(
     static = dataclasses.replace(cfg, mode="chain", policy="static")
     decoder = make_decoder(target, head, kind, static, max_len, confidence)
     fit_count, report_count = cfg.calibration_prompts_per_task, cfg.calibration_report_prompts_per_task
+
+    def first_turns(chosen: list[EvalPrompt]) -> list[list[int]]:
+        return [encode_turn(target, [], p.turns[0]) for p in chosen]
+
     fit, held_out = [], []
     if fit_count or report_count:
         for task in cfg.tasks:
@@ -165,9 +169,9 @@ def calibrate(
                     f"+ eval.calibration_prompts_per_task={fit_count} + eval.calibration_report_prompts_per_task="
                     f"{report_count} disjoint ones (lower them, or eval.prompts_per_task)"
                 )
-            fit += [encode_turn(target, [], p.turns[0]) for p in extra[:fit_count]]
-            held_out += [encode_turn(target, [], p.turns[0]) for p in extra[fit_count:]]
-    report_ids = held_out or [encode_turn(target, [], p.turns[0]) for p in prompts]
+            fit += first_turns(extra[:fit_count])
+            held_out += first_turns(extra[fit_count:])
+    report_ids = held_out or first_turns(prompts)
     sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     generator = torch.Generator(device=target.device).manual_seed(cfg.seed + 1)
     return evaluate_calibration(decoder, fit, report_ids, cfg.max_new_tokens, out_dir, sampling, generator)
