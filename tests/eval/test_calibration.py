@@ -9,6 +9,7 @@ from eval.calibration import (
     auroc,
     calibration_report,
     collect_rounds,
+    ece_if_calibrated,
     evaluate_calibration,
     fit_temperatures,
     position_metrics,
@@ -18,6 +19,7 @@ from eval.policies import ConfidenceThreshold, StaticDraftLength
 from heads.confidence import ConfidenceHead
 from tests.eval.drafters import LMDrafter, perturbed_copy
 from tests.helpers import tiny_llama
+from train.confidence import expected_calibration_error
 
 K = 4
 PROMPTS = [[5, 17, 33, 8, 90, 4], [100, 3, 56], [7] * 12, [40, 41, 42, 43], [9, 99, 19]]
@@ -107,3 +109,15 @@ def test_a_report_skips_positions_never_drafted(tmp_path):
     report = calibration_report(rounds, [], tmp_path)
     assert [p["position"] for p in report["positions"]] == [1]
     assert report["positions"][0]["before"]["auroc"] == 1.0
+
+
+def test_the_ece_floor_is_what_calibrated_outcomes_score_and_shrinks_with_more_rounds():
+    generator = torch.Generator().manual_seed(0)
+    few, many = (torch.rand(n, generator=generator, dtype=torch.float64) * 0.3 for n in (200, 5000))
+    assert ece_if_calibrated(few) > 2 * ece_if_calibrated(many)
+    assert ece_if_calibrated(many) < 0.02
+    # Outcomes drawn from the predictions themselves score about the floor; shifted ones do not.
+    outcomes = torch.bernoulli(many, generator=generator)
+    calibrated = float(expected_calibration_error(many, outcomes))
+    assert calibrated < 2 * ece_if_calibrated(many)
+    assert float(expected_calibration_error(many + 0.1, outcomes)) > 4 * ece_if_calibrated(many)
