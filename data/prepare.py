@@ -43,6 +43,10 @@ class DataConfig:
     # (None: all); a few more may then be dropped when tokenised (counted). Small values make
     # quick runs cheap, but the first records of a source are not a random sample.
     max_conversations: int | None = None
+    # Skip this many conversations at the start of that order first: e.g. the ones a drafter
+    # trained on, so that a confidence head fitted to it afterwards learns the acceptance it
+    # reaches on text it has not seen (on its training text it accepts far more).
+    skip_conversations: int = 0
     # Tokens per conversation; longer ones are cut (and counted). Longer keeps more of
     # long replies, but costs memory and time quadratically in attention.
     max_length: int = 2048
@@ -64,6 +68,8 @@ class DataConfig:
             raise ValueError(
                 f"data.max_conversations={self.max_conversations}: expected a positive number or null"
             )
+        if self.skip_conversations < 0:
+            raise ValueError(f"data.skip_conversations={self.skip_conversations}: expected 0 or more")
         if self.max_length < 2:
             raise ValueError(f"data.max_length={self.max_length}: expected at least 2 tokens")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -142,9 +148,13 @@ def _load_if_unchanged(out_dir: Path, expected: dict) -> PreparedData | None:
 
 
 def select_conversations(cfg: DataConfig, tally: Tally) -> Iterator[Conversation]:
-    """The configured conversations, normalised and de-duplicated, in source order."""
+    """The configured conversations, normalised and de-duplicated, in source order (the skipped
+    ones are counted in `tally`)."""
     raws = (raw for spec in cfg.sources for raw in read_source(parse_source(spec), tally))
-    return islice(normalise_all(raws, tally), cfg.max_conversations)
+    conversations = normalise_all(raws, tally)
+    for conversation in islice(conversations, cfg.skip_conversations):
+        tally.skip("data.skip_conversations", conversation.source)
+    return islice(conversations, cfg.max_conversations)
 
 
 def _batches(conversations: Iterator[Conversation], size: int) -> Iterator[list[Conversation]]:

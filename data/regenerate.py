@@ -173,6 +173,7 @@ def regenerate_data(
         # Not max_conversations: conversation i is the same whatever the count, so a larger
         # selection reuses every reply generated for a smaller one.
         "sources": data_cfg.sources,
+        "skip_conversations": data_cfg.skip_conversations,  # conversation i counts from there
         "max_length": data_cfg.max_length,
         "regenerate": {k: v for k, v in asdict(cfg).items() if k not in ("enabled", "batch_size")},
         "target": target.identity(),
@@ -211,6 +212,7 @@ def regenerate_data(
         data_cfg,
         sources=[str(out_dir / "conversations.jsonl")],
         max_conversations=None,
+        skip_conversations=0,
         regenerate=replace(cfg, enabled=False),
     )
 

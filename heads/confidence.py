@@ -65,6 +65,11 @@ class ConfidenceHead(nn.Module):
         embed_weight = check_target_weight(embed_weight, (args.vocab_size, args.embed_size), "embed_weight")
         self.embed_tokens = nn.Embedding.from_pretrained(embed_weight, freeze=True)
         self.linear = nn.Linear(args.hidden_size + args.embed_size, 1)
+        # Zero, not random: a random start adds a logit of spread ~0.6 that carries no signal and
+        # that a short run does not train away; calibration then has to undo a spread it cannot
+        # tell from the real one. The loss is convex in these weights, so zero loses nothing.
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
 
     @classmethod
     def for_drafter(

@@ -13,7 +13,7 @@ logits at a time) and carry no gradient; at temperature 0 an EAGLE-3 objective h
 ones its TTT loss already computed (the same pairs: `greedy_labels_from_acceptance`).
 
 Loss. BCE against the labels, mean over the rows of each step, steps weighted exp(-k/γ) and
-normalised by the weights' sum. The confidence head reads DETACHED drafter states: trained
+normalised by the weights' sum, plus l2·‖w‖² on the head's weights (not its bias). The confidence head reads DETACHED drafter states: trained
 jointly, its loss leaves the drafter's gradients exactly as without it (the drafter is never
 asked to make its states predict its own acceptance, which could trade acceptance for
 predictability); trained on a frozen drafter, only its own two tensors train.
@@ -149,7 +149,7 @@ def greedy_labels_from_acceptance(
 
 @dataclass
 class ConfidenceLoss:
-    loss: torch.Tensor  # scalar Σ_k w_k step_losses[k] / Σ_k w_k, w_k = exp(-k / γ)
+    loss: torch.Tensor  # scalar Σ_k w_k step_losses[k] / Σ_k w_k + l2 ‖weight‖², w_k = exp(-k / γ)
     step_losses: torch.Tensor  # [K] mean BCE per step
     step_labels: torch.Tensor  # [K] mean label (the acceptance the drafter reaches at step k)
     step_predictions: torch.Tensor  # [K] mean predicted c_k (uncalibrated)
@@ -171,12 +171,15 @@ class ConfidencePredictions:
 class ConfidenceTraining(nn.Module):
     """The confidence head plus its label settings; an Objective holds one and adds its loss."""
 
-    def __init__(self, head: ConfidenceHead, gamma: float, temperature: float, chunk_size: int):
+    def __init__(
+        self, head: ConfidenceHead, gamma: float, temperature: float, chunk_size: int, l2: float = 0.0
+    ):
         super().__init__()
         if gamma <= 0:
             raise ValueError(f"head.confidence_gamma={gamma} must be > 0")
         self.head = head
         self.gamma = gamma
+        self.l2 = l2
         self.temperature = temperature
         self.chunk_size = chunk_size
 
@@ -222,8 +225,9 @@ class ConfidenceTraining(nn.Module):
         step_losses = torch.where(pairs.valid, bce, 0).sum(-1) / counts
         steps = torch.arange(len(chain.hidden_states), dtype=torch.float32, device=step_losses.device)
         weights = torch.exp(-steps / self.gamma)
+        penalty = self.l2 * self.head.linear.weight.float().square().sum()
         return ConfidenceLoss(
-            loss=(weights * step_losses).sum() / weights.sum(),
+            loss=(weights * step_losses).sum() / weights.sum() + penalty,
             step_losses=step_losses,
             step_labels=pairs.labels.sum(-1) / counts,
             step_predictions=torch.where(pairs.valid, predicted.logits.sigmoid(), 0).sum(-1) / counts,

@@ -42,6 +42,10 @@ class HeadConfig:
     # Decode temperature the acceptance labels assume; 0 = greedy (draft argmax == target argmax).
     # Match eval.temperature: a head trained for greedy is over-confident when sampling.
     confidence_temperature: float = 0.0
+    # L2 penalty λ·‖w‖² on the confidence head's weights, added to its mean BCE. The head's
+    # features only weakly predict acceptance on new text; unpenalised it spreads its predictions
+    # on patterns of the training text, which calibration then cannot undo (measured: BENCHMARKS.md).
+    confidence_l2: float = 0.1
 
 
 @dataclass

@@ -256,6 +256,8 @@ def check_confidence_config(head_cfg: HeadConfig) -> None:
             f"head.confidence_drafter={head_cfg.confidence_drafter!r} is only read when "
             "head.confidence_training=frozen (it is joint)"
         )
+    if head_cfg.confidence_l2 < 0:
+        raise ValueError(f"head.confidence_l2={head_cfg.confidence_l2} must be >= 0")
     if head_cfg.confidence_temperature < 0:
         raise ValueError(
             f"head.confidence_temperature={head_cfg.confidence_temperature} must be >= 0 (0 = greedy)"
@@ -312,7 +314,11 @@ def build_confidence(
         head_cfg.kind, hidden_size, target.embed_weight, head_cfg.confidence_temperature
     )
     return ConfidenceTraining(
-        confidence, head_cfg.confidence_gamma, head_cfg.confidence_temperature, chunk_tokens
+        confidence,
+        head_cfg.confidence_gamma,
+        head_cfg.confidence_temperature,
+        chunk_tokens,
+        head_cfg.confidence_l2,
     )
 
 

@@ -102,10 +102,22 @@ def test_max_conversations_stops_early(chats, tmp_path, smollm2_tokenizer):
     assert (len(prepared.train), len(prepared.validation)) == (3, 1)
 
 
+def test_skip_conversations_takes_the_ones_after_and_counts_the_skipped(chats, tmp_path, smollm2_tokenizer):
+    cfg = DataConfig(sources=[str(chats)], skip_conversations=15, max_conversations=4, val_fraction=0.25)
+    prepared = prepare_dataset(cfg, smollm2_tokenizer, tmp_path / "out")
+    rows = [*prepared.train, *prepared.validation]
+    questions = {
+        smollm2_tokenizer.decode(row["input_ids"]).split("What is ")[1].split(" +")[0] for row in rows
+    }
+    assert questions == {"15", "16", "17", "18"}
+    assert prepared.manifest["counts"]["skipped"]["data.skip_conversations"] == 15
+
+
 @pytest.mark.parametrize(
     "cfg, key",
     [
         (DataConfig(sources=[]), "data.sources"),
+        (DataConfig(skip_conversations=-1), "data.skip_conversations"),
         (DataConfig(max_length=1), "data.max_length"),
         (DataConfig(val_fraction=1.0), "data.val_fraction"),
         (DataConfig(max_conversations=0), "data.max_conversations"),

@@ -163,6 +163,14 @@ def test_a_larger_selection_reuses_the_replies_of_a_smaller_one(
     assert calls == []  # every reply was already there
 
 
+def test_skipped_conversations_are_left_out(tiny_target, two_turn_chats, tmp_path):
+    cfg = data_cfg(two_turn_chats, tmp_path)
+    full = read_jsonl(run(cfg, tiny_target).sources[0])
+    later = run(replace(cfg, skip_conversations=2, max_conversations=3), tiny_target)
+    assert later.skip_conversations == 0  # the regenerated file holds only the selection
+    assert [row["id"] for row in read_jsonl(later.sources[0])] == [row["id"] for row in full[2:5]]
+
+
 def test_other_settings_or_weights_regenerate_elsewhere(tiny_target, two_turn_chats, tmp_path):
     cfg = data_cfg(two_turn_chats, tmp_path)
     base = run(cfg, tiny_target).sources

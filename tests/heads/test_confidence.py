@@ -17,7 +17,16 @@ def embed_weight():
 @pytest.fixture
 def head(embed_weight):
     torch.manual_seed(0)
-    return ConfidenceHead.for_drafter("eagle3", HIDDEN, embed_weight, label_temperature=0.0)
+    head = ConfidenceHead.for_drafter("eagle3", HIDDEN, embed_weight, label_temperature=0.0)
+    torch.nn.init.normal_(head.linear.weight)  # a trained head's, not the zeros it starts from
+    torch.nn.init.normal_(head.linear.bias)
+    return head
+
+
+def test_a_fresh_head_starts_at_one_half_everywhere(embed_weight):
+    fresh = ConfidenceHead.for_drafter("eagle3", HIDDEN, embed_weight)
+    logits = fresh(torch.randn(3, HIDDEN), torch.randint(0, VOCAB, (3,)))
+    assert torch.equal(logits, torch.zeros(3))  # no random spread for calibration to undo
 
 
 def test_logits_are_one_linear_layer_on_normalised_state_and_previous_embedding(head, embed_weight):

@@ -93,7 +93,8 @@ def test_loss_is_position_weighted_bce_that_trains_only_the_confidence_head():
         states.requires_grad_(True)
     torch.manual_seed(0)
     head = ConfidenceHead.for_drafter("eagle3", H, torch.randn(V, 4))
-    training = ConfidenceTraining(head, gamma=2.0, temperature=1.0, chunk_size=4)
+    torch.nn.init.normal_(head.linear.weight)
+    training = ConfidenceTraining(head, gamma=2.0, temperature=1.0, chunk_size=4, l2=0.3)
     out = training(
         chain, batch["input_ids"], batch["target_final_hidden"], batch["target_lm_head"], batch["loss_mask"]
     )
@@ -107,7 +108,8 @@ def test_loss_is_position_weighted_bce_that_trains_only_the_confidence_head():
             torch.nn.functional.binary_cross_entropy_with_logits(logits, pairs.labels[k, rows])
         )
     weights = torch.exp(-torch.arange(K) / 2.0)
-    torch.testing.assert_close(out.loss, (weights * torch.stack(step_losses)).sum() / weights.sum())
+    penalty = 0.3 * head.linear.weight.square().sum()  # on the weights only, not the bias
+    torch.testing.assert_close(out.loss, (weights * torch.stack(step_losses)).sum() / weights.sum() + penalty)
     out.loss.backward()
     assert head.linear.weight.grad.abs().sum() > 0
     assert all(states.grad is None for states in chain.hidden_states)  # the drafter is not pushed
@@ -230,6 +232,7 @@ def test_frozen_mode_trains_only_the_confidence_head_of_a_saved_drafter(tmp_path
         ({"confidence_drafter": "some/dir"}, "only read when head.confidence_training=frozen"),
         ({"confidence_gamma": 0.0}, "head.confidence_gamma=0.0 must be > 0"),
         ({"confidence_temperature": -1.0}, "head.confidence_temperature=-1.0"),
+        ({"confidence_l2": -0.1}, "head.confidence_l2=-0.1"),
     ],
 )
 def test_contradicting_confidence_settings_are_refused(overrides, message):

@@ -19,6 +19,30 @@ def test_default_job_trains_and_saves_an_eagle3_head(make_job, tmp_path):
     assert Path(results["head_dir"]).is_dir()
 
 
+def test_the_confidence_recipe_fits_a_head_to_a_frozen_drafter_on_later_conversations(make_job, tmp_path):
+    import json
+
+    from heads.confidence import CONFIG_FILE, WEIGHTS_FILE
+
+    run(make_job("head.confidence=false", "data.max_conversations=20", run_dir=tmp_path / "drafter"))
+    confidence = make_job(
+        "train=confidence",
+        "train.max_steps=3",
+        "head.confidence_training=frozen",
+        f"head.confidence_drafter={tmp_path / 'drafter' / 'head'}",
+        "data.skip_conversations=20",
+        run_dir=tmp_path / "confidence",
+    )
+    results = run(confidence)
+    head_dir = tmp_path / "confidence" / "head"
+    assert (head_dir / CONFIG_FILE).is_file() and (head_dir / WEIGHTS_FILE).is_file()
+    for name, tensor in head_weights(tmp_path / "drafter").items():
+        torch.testing.assert_close(head_weights(tmp_path / "confidence")[name], tensor)  # frozen
+    manifest = json.loads((Path(results["data_dir"]) / "manifest.json").read_text())
+    assert manifest["counts"]["skipped"] == {"data.skip_conversations": 20}
+    assert manifest["counts"]["kept"] == 20  # the 40 chats minus the drafter's 20
+
+
 @pytest.mark.parametrize("kind", ["eagle1", "medusa"])
 def test_other_head_kinds_train(make_job, tmp_path, kind):
     run(make_job(f"head={kind}", "train.max_steps=2", "train.checkpoint_every=100"))
