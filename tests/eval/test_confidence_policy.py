@@ -37,10 +37,11 @@ def steps(*confidences: float) -> list[DraftStep]:
 
 def confidence_head(target, bias: float = 1.5, scale: float = 2.0, seed: int = 0) -> ConfidenceHead:
     """A random head over the target's embedding: confidences vary with the previous token."""
-    torch.manual_seed(seed)
     head = ConfidenceHead.for_drafter("eagle3", target.config.hidden_size, target.model.embed_tokens.weight)
+    torch.manual_seed(seed)
+    bound = scale / head.linear.in_features**0.5  # nn.Linear's random start (a fresh head is zero), scaled
     with torch.no_grad():
-        head.linear.weight.mul_(scale)
+        head.linear.weight.uniform_(-bound, bound)
         head.linear.bias.fill_(bias)
     return head
 
