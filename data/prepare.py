@@ -43,9 +43,9 @@ class DataConfig:
     # (None: all); a few more may then be dropped when tokenised (counted). Small values make
     # quick runs cheap, but the first records of a source are not a random sample.
     max_conversations: int | None = None
-    # Skip this many conversations at the start of that order first: e.g. the ones a drafter
-    # trained on, so that a confidence head fitted to it afterwards learns the acceptance it
-    # reaches on text it has not seen (on its training text it accepts far more).
+    # Leave out this many conversations at the start of that order (counted as skipped): e.g.
+    # the ones a drafter trained on, so that a confidence head fitted to it afterwards learns
+    # the acceptance it reaches on text it has not seen (on its training text it accepts more).
     skip_conversations: int = 0
     # Tokens per conversation; longer ones are cut (and counted). Longer keeps more of
     # long replies, but costs memory and time quadratically in attention.

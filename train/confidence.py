@@ -13,10 +13,12 @@ logits at a time) and carry no gradient; at temperature 0 an EAGLE-3 objective h
 ones its TTT loss already computed (the same pairs: `greedy_labels_from_acceptance`).
 
 Loss. BCE against the labels, mean over the rows of each step, steps weighted exp(-k/γ) and
-normalised by the weights' sum, plus l2·‖w‖² on the head's weights (not its bias). The confidence head reads DETACHED drafter states: trained
-jointly, its loss leaves the drafter's gradients exactly as without it (the drafter is never
-asked to make its states predict its own acceptance, which could trade acceptance for
-predictability); trained on a frozen drafter, only its own two tensors train.
+normalised by the weights' sum, plus l2·‖w‖² on the head's weights (not its bias). The
+confidence head reads DETACHED drafter states: trained jointly, its loss leaves the drafter's
+gradients exactly as without it (the drafter is never asked to make its states predict its own
+acceptance, which could trade acceptance for predictability); trained on a frozen drafter, only
+its own two tensors train. Its labels are then best taken on conversations the drafter did not
+train on (conf/train/confidence.yaml): on its own training rows a drafter accepts more.
 
 Calibration. Sequential temperature scaling: position by position, left to right, the
 temperature minimising the ECE of the cumulative survival a_j = Π_{i<=j} c_i, with the earlier
