@@ -29,6 +29,13 @@ def tiny_tokenizer(vocab_size: int = 128) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
+def random_confidence_weights(head, scale: float) -> None:
+    """Give a confidence head (which starts at zero) nn.Linear's random start, times scale."""
+    bound = scale / head.linear.in_features**0.5
+    with torch.no_grad():
+        head.linear.weight.uniform_(-bound, bound)
+
+
 def tiny_llama(num_layers: int = 2, vocab_size: int = 128, hidden_size: int = 32, seed: int = 0, **kw):
     """A random Llama with GQA (4 heads, 2 KV heads); fp32, eval mode."""
     torch.manual_seed(seed)

@@ -18,7 +18,7 @@ from eval.decoder import ChainDrafting, SpeculativeDecoder
 from eval.policies import ConfidenceThreshold, StaticDraftLength
 from heads.confidence import ConfidenceHead
 from tests.eval.drafters import LMDrafter, perturbed_copy
-from tests.helpers import tiny_llama
+from tests.helpers import random_confidence_weights, tiny_llama
 from train.confidence import expected_calibration_error
 
 K = 4
@@ -51,9 +51,7 @@ def decoder_with_confidence(target, policy=None, scale: float = 8.0) -> Speculat
     drafter = LMDrafter(perturbed_copy(target, noise=0.08), target_layer_ids=(0,))
     torch.manual_seed(0)
     head = ConfidenceHead.for_drafter("eagle3", 32, target.model.embed_tokens.weight)
-    bound = scale / head.linear.in_features**0.5  # nn.Linear's random start (a fresh head is zero), scaled
-    with torch.no_grad():
-        head.linear.weight.uniform_(-bound, bound)
+    random_confidence_weights(head, scale)
     drafting = ChainDrafting(policy or StaticDraftLength(K))
     return SpeculativeDecoder(target, drafter, drafting, max_len=80, eos_token_id=[], confidence=head)
 

@@ -21,7 +21,7 @@ from heads.confidence import ConfidenceHead
 from tests.eval.drafters import LMDrafter, TinyMedusa, eagle_drafter, greedy_reference, perturbed_copy
 from tests.eval.stats import chi_square, chi_square_critical
 from tests.eval.test_decoder import exact_continuations
-from tests.helpers import tiny_llama
+from tests.helpers import random_confidence_weights, tiny_llama
 
 MAX_LEN = 80
 NEW_TOKENS = 32
@@ -39,9 +39,8 @@ def confidence_head(target, bias: float = 1.5, scale: float = 2.0, seed: int = 0
     """A random head over the target's embedding: confidences vary with the previous token."""
     head = ConfidenceHead.for_drafter("eagle3", target.config.hidden_size, target.model.embed_tokens.weight)
     torch.manual_seed(seed)
-    bound = scale / head.linear.in_features**0.5  # nn.Linear's random start (a fresh head is zero), scaled
+    random_confidence_weights(head, scale)
     with torch.no_grad():
-        head.linear.weight.uniform_(-bound, bound)
         head.linear.bias.fill_(bias)
     return head
 
