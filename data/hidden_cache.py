@@ -1,7 +1,8 @@
 """Offline hidden states: the target runs once per row, training reads the cache.
 
 Layout of a cache directory:
-  manifest.json            target, tokenizer hash, layer ids, dtype, rows, shards, bytes
+  manifest.json            identity (target, tokenizer hash, weight fingerprint, layer ids,
+                           dtype, row count, longest row, sha256 of the rows' token ids), shards, bytes
   shard_00000.safetensors  rows [start, end): `layer_<id>` [sum T, H] per layer id,
                            `final` [sum T, H] (post-norm), `offsets` [rows + 1]
 
@@ -9,12 +10,14 @@ Shards are written to a temporary name and renamed, and the manifest lists only 
 shards, so a killed build resumes at the first missing shard.
 """
 
+import hashlib
 import json
 import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -27,14 +30,27 @@ log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 
 
-def _identity(target: Target, layer_ids: Sequence[int], num_rows: int) -> dict:
+def rows_digest(rows) -> str:
+    """sha256 over every row's token ids, in order: other data (or other cuts), other cache."""
+    digest = hashlib.sha256()
+    for row in rows:
+        ids = np.asarray(row["input_ids"], dtype=np.int64)
+        digest.update(len(ids).to_bytes(8, "little") + ids.tobytes())
+    return digest.hexdigest()
+
+
+def _identity(target: Target, layer_ids: Sequence[int], rows) -> dict:
+    """What the cached hidden states depend on; a cache is used only when all of it matches."""
     return {
         "target": target.config.name_or_path,
         "tokenizer_hash": target.tokenizer_hash,
+        "weights": target.weights_fingerprint(),
         "layer_ids": list(layer_ids),
         "dtype": str(target.dtype).removeprefix("torch."),
         "hidden_size": target.hidden_size,
-        "rows": num_rows,
+        "rows": len(rows),
+        "max_length": max((len(row["input_ids"]) for row in rows), default=0),
+        "rows_sha256": rows_digest(rows),
     }
 
 
@@ -49,7 +65,7 @@ def build_hidden_cache(
 ) -> dict:
     """Write (or finish writing) the cache; returns its manifest."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    identity = _identity(target, layer_ids, len(rows))
+    identity = _identity(target, layer_ids, rows)
     manifest_path = out_dir / MANIFEST
     manifest = {**identity, "shards": [], "bytes": 0}
     if manifest_path.is_file():
@@ -110,14 +126,15 @@ def _write_json(path: Path, payload: dict) -> None:
 
 
 class HiddenCache:
-    """Reads rows back from a finished cache; refuses one built for another target."""
+    """Reads rows back from a finished cache; refuses one built for another target, other
+    layers, another dtype or other rows."""
 
-    def __init__(self, cache_dir: Path, target: Target, layer_ids: Sequence[int], num_rows: int):
+    def __init__(self, cache_dir: Path, target: Target, layer_ids: Sequence[int], rows):
         manifest_path = cache_dir / MANIFEST
         if not manifest_path.is_file():
             raise FileNotFoundError(f"no hidden-state cache at {cache_dir} ({MANIFEST} missing)")
         self.manifest = json.loads(manifest_path.read_text())
-        expected = _identity(target, layer_ids, num_rows)
+        expected = _identity(target, layer_ids, rows)
         for key, value in expected.items():
             if self.manifest.get(key) != value:
                 raise ValueError(
@@ -125,8 +142,8 @@ class HiddenCache:
                     f"this run has {key}={value!r}; rebuild it (delete the directory)"
                 )
         covered = sum(s["end"] - s["start"] for s in self.manifest["shards"])
-        if covered != num_rows:
-            raise ValueError(f"{manifest_path}: cache is incomplete ({covered}/{num_rows} rows)")
+        if covered != len(rows):
+            raise ValueError(f"{manifest_path}: cache is incomplete ({covered}/{len(rows)} rows)")
         self.cache_dir = cache_dir
         self.layer_ids = list(layer_ids)
         self.shards = self.manifest["shards"]

@@ -6,27 +6,29 @@ target and keeps its reply instead of the recorded one; later turns see the targ
 earlier replies, as in a real chat. The result is a JSONL source (messages format) plus a
 manifest, under a directory keyed by the sources, the target and the generation settings.
 
-Resumable: each finished batch of conversations is appended to a part file per rank, and a
-rerun skips what is already there. Ranks of a multi-process job split the batches between
-them; rank 0 merges the parts in source order once all have finished.
+Generation is batched with continuous refill (data/generation.py): a row whose
+conversation is done takes the next one, so no row waits for the longest reply.
+Resumable: each finished conversation is appended to a part file per rank, and a rerun
+skips what is already there. Ranks of a multi-process job take every world-th
+conversation; rank 0 merges the parts in source order once all have finished.
 """
 
 import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from data.chat_template import generation_prompt_ids
 from data.conversations import Conversation
+from data.generation import BatchedGenerator, Completion, Request
 from data.tally import Tally
 
-FORMAT = 1  # bump when the output layout or the generation method changes
+FORMAT = 2  # bump when the output layout or the generation method changes
 
 
 @dataclass
@@ -38,8 +40,9 @@ class RegenerateConfig:
     # 0: greedy replies (for greedy serving); > 0: sampled like the traffic you serve.
     temperature: float = 0.0
     top_p: float = 1.0
-    # Conversations generated together (left-padded); more is faster until memory runs out.
-    batch_size: int = 16
+    # Rows generated together (each holds one conversation; a finished row takes the next);
+    # more is faster until the matmuls stop gaining (64 on a 2-core CPU) or memory runs out.
+    batch_size: int = 64
     seed: int = 0
 
     def validate(self) -> None:
@@ -68,88 +71,95 @@ class Regenerated:
     tokens: int
 
 
-def generate_replies(
-    target, prompts: list[list[int]], cfg: RegenerateConfig, seed: int, max_new_tokens: int | None = None
-) -> list[Reply]:
-    """The target's reply to each tokenised chat prefix (`generation_prompt_ids`), generated in one
-    left-padded batch (at most max_new_tokens, default cfg.max_new_tokens)."""
-    tokenizer = target.tokenizer
-    batch = tokenizer.pad({"input_ids": prompts}, padding=True, padding_side="left", return_tensors="pt")
+def stop_tokens(target) -> list[int]:
+    """The tokens that end a reply: the generation config's end-of-turn ids and the tokenizer's EOS."""
     eos = target.model.generation_config.eos_token_id
     eos = [eos] if isinstance(eos, int) else list(eos or [])
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
-        eos.append(tokenizer.eos_token_id)
-    sampling = {"do_sample": False}
-    if cfg.temperature > 0:
-        sampling = {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": 0}
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        output = target.model.generate(
-            input_ids=batch["input_ids"].to(target.device),
-            attention_mask=batch["attention_mask"].to(target.device),
-            max_new_tokens=max_new_tokens or cfg.max_new_tokens,
-            eos_token_id=eos,
-            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0],
-            **sampling,
-        )
-    replies = []
-    for row in output[:, batch["input_ids"].shape[1] :].tolist():
-        ended = next((i for i, token in enumerate(row) if token in eos), None)
-        tokens = row if ended is None else row[:ended]
-        text = tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        replies.append(Reply(text, len(tokens), cut=ended is None))
-    return replies
+    if target.tokenizer.eos_token_id is not None and target.tokenizer.eos_token_id not in eos:
+        eos.append(target.tokenizer.eos_token_id)
+    return eos
 
 
-def regenerate_batch(
-    target, conversations: list[Conversation], cfg: RegenerateConfig, max_length: int, seed: int
-) -> list[Regenerated]:
-    """Replace every assistant turn, turn by turn across the batch.
+class _Replay:
+    """One conversation replayed to the target, turn by turn.
 
-    A conversation stops at the first turn whose prompt already fills `max_length` tokens
-    (its training row would be cut before the reply) or whose reply comes back empty; the
-    turns before it are kept when they hold a reply, otherwise nothing is left.
+    It stops at the first turn whose prompt already fills `max_length` tokens (its training
+    row would be cut before the reply) or whose reply comes back empty; the turns before it
+    are kept when they hold a reply, otherwise nothing is left.
     """
-    results = [Regenerated([], [], 0, 0) for _ in conversations]
-    reply_turns = [[j for j, m in enumerate(c.messages) if m["role"] == "assistant"] for c in conversations]
-    open_ = set(range(len(conversations)))
-    turn = 0
-    while open_:
-        waiting = []  # (conversation, prompt, its token ids) of those with an assistant turn number `turn`
-        for i in sorted(open_):
-            if turn >= len(reply_turns[i]):
-                open_.discard(i)
-                continue
-            start = reply_turns[i][turn - 1] + 1 if turn else 0
-            prompt = results[i].messages + conversations[i].messages[start : reply_turns[i][turn]]
-            ids = generation_prompt_ids(target.tokenizer, prompt)
-            if len(ids) >= max_length:
-                results[i].notes.append("turn whose prompt fills data.max_length (and later turns)")
-                open_.discard(i)
-                continue
-            waiting.append((i, prompt, ids))
-        if waiting:
-            # Tokens past max_length would be cut from the training row: never generate them.
-            longest_useful = max_length - min(len(ids) for _, _, ids in waiting)
-            replies = generate_replies(
-                target,
-                [ids for _, _, ids in waiting],
-                cfg,
-                seed + turn,
-                min(cfg.max_new_tokens, longest_useful),
-            )
-            for (i, prompt, _), reply in zip(waiting, replies):
-                results[i].tokens += reply.tokens
-                if not reply.text:
-                    results[i].notes.append("empty regenerated reply (and later turns)")
-                    open_.discard(i)
-                    continue
-                results[i].cut += reply.cut
-                results[i].messages = prompt + [{"role": "assistant", "content": reply.text}]
-        turn += 1
-    for result in results:
-        result.messages = result.messages or None
-    return results
+
+    def __init__(
+        self, index: int, conversation: Conversation, tokenizer, cfg: RegenerateConfig, max_length: int
+    ):
+        self.index, self.conversation, self.tokenizer = index, conversation, tokenizer
+        self.cfg, self.max_length = cfg, max_length
+        self.result = Regenerated([], [], 0, 0)
+        self.reply_turns = [j for j, m in enumerate(conversation.messages) if m["role"] == "assistant"]
+        self.turn = 0
+        self.prompt: list[dict] = []  # the messages the current request answers
+
+    def next_request(self) -> Request | None:
+        """The next turn's request, or None when the conversation is done."""
+        if self.turn >= len(self.reply_turns):
+            return None
+        start = self.reply_turns[self.turn - 1] + 1 if self.turn else 0
+        self.prompt = self.result.messages + self.conversation.messages[start : self.reply_turns[self.turn]]
+        ids = generation_prompt_ids(self.tokenizer, self.prompt)
+        if len(ids) >= self.max_length:
+            self.result.notes.append("turn whose prompt fills data.max_length (and later turns)")
+            return None
+        # Tokens past max_length would be cut from the training row: never generate them.
+        return Request(ids, min(self.cfg.max_new_tokens, self.max_length - len(ids)), tag=self)
+
+    def take_reply(self, completion: Completion) -> Request | None:
+        """Keep the reply; the next turn's request, or None when the conversation is done."""
+        text = self.tokenizer.decode(completion.tokens, skip_special_tokens=True).strip()
+        self.result.tokens += len(completion.tokens)
+        if not text:
+            self.result.notes.append("empty regenerated reply (and later turns)")
+            return None
+        self.result.cut += completion.cut
+        self.result.messages = self.prompt + [{"role": "assistant", "content": text}]
+        self.turn += 1
+        return self.next_request()
+
+    def finished(self) -> Regenerated:
+        return replace(self.result, messages=self.result.messages or None)
+
+
+def regenerate_conversations(
+    target,
+    conversations: list[tuple[int, Conversation]],
+    cfg: RegenerateConfig,
+    max_length: int,
+    seed: int,
+    on_finished: Callable[[int, Regenerated], None],
+    on_tokens: Callable[[int], None] = lambda n: None,
+) -> None:
+    """Replace every assistant turn of (index, conversation) pairs, `cfg.batch_size` rows at a
+    time (data/generation.py); `on_finished(index, result)` as each conversation completes."""
+    generator = BatchedGenerator(
+        target.cached, cfg.batch_size, max_length, stop_tokens(target), cfg.temperature, cfg.top_p, seed
+    )
+    replays = (_Replay(i, c, target.tokenizer, cfg, max_length) for i, c in conversations)
+
+    def requests() -> Iterator[Request]:
+        for replay in replays:
+            request = replay.next_request()
+            if request is None:
+                on_finished(replay.index, replay.finished())
+            else:
+                yield request
+
+    def follow_up(completion: Completion) -> Request | None:
+        replay: _Replay = completion.request.tag
+        on_tokens(len(completion.tokens))
+        request = replay.take_reply(completion)
+        if request is None:
+            on_finished(replay.index, replay.finished())
+        return request
+
+    generator.run(requests(), follow_up)
 
 
 def regenerate_data(
@@ -177,7 +187,7 @@ def regenerate_data(
         "max_length": data_cfg.max_length,
         "regenerate": {k: v for k, v in asdict(cfg).items() if k not in ("enabled", "batch_size")},
         "target": target.identity(),
-        "weights": weights_digest(target.model),
+        "weights": target.weights_fingerprint(),
     }
     out_dir = root / "regenerated" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     manifest_path = out_dir / "manifest.json"
@@ -187,10 +197,8 @@ def regenerate_data(
         out_dir.mkdir(parents=True, exist_ok=True)
         tally = Tally()
         selected = list(conversations(tally))
-        batches = [
-            range(i, min(i + cfg.batch_size, len(selected))) for i in range(0, len(selected), cfg.batch_size)
-        ]
-        _generate_part(out_dir, rank, batches[rank::world], selected, target, cfg, data_cfg.max_length)
+        indices = list(range(rank, len(selected), world))
+        _generate_part(out_dir, rank, indices, selected, target, cfg, data_cfg.max_length)
         barrier()
         if rank == 0:
             _merge(out_dir, {"key": key, "max_conversations": data_cfg.max_conversations}, selected, tally)
@@ -215,16 +223,6 @@ def regenerate_data(
         skip_conversations=0,
         regenerate=replace(cfg, enabled=False),
     )
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    """A cheap fingerprint of the weights (a strided sample of every tensor): other weights, other replies."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        flat = tensor.detach().reshape(-1)
-        sample = flat[:: max(1, flat.numel() // 256)].float().cpu().numpy()
-        digest.update(name.encode() + sample.tobytes())
-    return digest.hexdigest()
 
 
 def _manifest(path: Path) -> dict:
@@ -253,26 +251,28 @@ def _read_parts(out_dir: Path) -> dict[int, dict]:
 
 
 def _generate_part(
-    out_dir: Path, rank: int, batches: list[range], selected, target, cfg, max_length: int
+    out_dir: Path, rank: int, indices: list[int], selected, target, cfg, max_length: int
 ) -> None:
     written = _read_parts(out_dir)
-    todo = [batch for batch in batches if any(not _is_row_of(written.get(i), selected[i]) for i in batch)]
+    todo = [i for i in indices if not _is_row_of(written.get(i), selected[i])]
     start, tokens = time.perf_counter(), 0
-    progress = tqdm(
-        total=sum(map(len, todo)), unit="conv", desc=f"regenerating (rank {rank})", dynamic_ncols=True
-    )
+    progress = tqdm(total=len(todo), unit="conv", desc=f"regenerating (rank {rank})", dynamic_ncols=True)
     with open(out_dir / f"part-{rank}.jsonl", "a") as f, progress:
-        for batch in todo:
-            results = regenerate_batch(
-                target, [selected[i] for i in batch], cfg, max_length, cfg.seed + 1000 * batch[0]
-            )
-            for i, result in zip(batch, results):
-                row = {"index": i, "id": selected[i].id, "source": selected[i].source} | asdict(result)
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            f.flush()
-            tokens += sum(result.tokens for result in results)
-            progress.update(len(batch))
+
+        def write(i: int, result: Regenerated) -> None:
+            row = {"index": i, "id": selected[i].id, "source": selected[i].source} | asdict(result)
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.flush()  # a killed run keeps every finished conversation
+            progress.update(1)
+
+        def count(n: int) -> None:
+            nonlocal tokens
+            tokens += n
             progress.set_postfix(tokens_per_s=f"{tokens / (time.perf_counter() - start):,.0f}", refresh=False)
+
+        regenerate_conversations(
+            target, [(i, selected[i]) for i in todo], cfg, max_length, cfg.seed + rank, write, count
+        )
 
 
 def _is_row_of(row: dict | None, conversation: Conversation) -> bool:

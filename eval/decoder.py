@@ -38,7 +38,6 @@ from transformers import PreTrainedModel
 from eval.cuda_graphs import GraphedForward
 from eval.metrics import DecodeMetrics, SpecCounters
 from eval.policies import MAX_DRAFT_LEN, DraftLengthPolicy, DraftStep, child_log_survival
-from eval.target_forward import CachedTarget, TargetStep
 from eval.tree import (
     DEFAULT_MEDUSA_PATHS,
     StaticTree,
@@ -61,6 +60,7 @@ from eval.verify import (
 )
 from heads.confidence import ConfidenceHead
 from heads.kv_cache import KVCache
+from heads.target import CachedTarget, TargetStep
 from kernels.registry import kernel
 
 MAX_TREE_NODES = 1024  # a larger verification forward costs more than any acceptance gain

@@ -33,10 +33,30 @@ class KVCache(nn.Module):
     def update(
         self, cache_positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k/v [B, kv_heads, S, head_dim] at cache_positions [S]; return the whole cache."""
-        self.k.index_copy_(2, cache_positions, k.to(self.k.dtype))
-        self.v.index_copy_(2, cache_positions, v.to(self.v.dtype))
+        """Write k/v [B, kv_heads, S, head_dim] at cache_positions [S] (every row alike) or [B, S]
+        (each row at its own slots, as batched generation needs); return the whole cache."""
+        if cache_positions.dim() == 1:
+            self.k.index_copy_(2, cache_positions, k.to(self.k.dtype))
+            self.v.index_copy_(2, cache_positions, v.to(self.v.dtype))
+        else:
+            index = cache_positions[:, None, :, None].expand_as(k)  # [B, kv_heads, S, head_dim]
+            self.k.scatter_(2, index, k.to(self.k.dtype))
+            self.v.scatter_(2, index, v.to(self.v.dtype))
         return self.k, self.v
+
+    def rows(self, start: int, stop: int) -> "KVCache":
+        """A cache over rows start .. stop - 1 of this one, sharing its storage: a prefill of one
+        row, or a step over the busy rows only, writes straight into the batch."""
+        view = KVCache.__new__(KVCache)
+        nn.Module.__init__(view)
+        view.register_buffer("k", self.k[start:stop], persistent=False)
+        view.register_buffer("v", self.v[start:stop], persistent=False)
+        return view
+
+    def copy_row(self, src: int, dst: int, length: int) -> None:
+        """Row dst's slots 0 .. length - 1 become row src's."""
+        self.k[dst, :, :length] = self.k[src, :, :length]
+        self.v[dst, :, :length] = self.v[src, :, :length]
 
     def compact(self, src_positions: torch.Tensor, dst_start: int) -> None:
         """Move entries at src_positions [n] (ascending) to dst_start .. dst_start + n - 1."""

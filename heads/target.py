@@ -8,6 +8,10 @@ Sources, in the order they are tried:
 
 Layer-id convention (docs/ARCHITECTURE.md): layer id `i` is the OUTPUT of decoder layer
 `i` (0-based), before the final norm; Hugging Face's `hidden_states[i + 1]`.
+
+One forward (`CachedTarget`) serves every stage: training's hidden states (no cache, a
+causal mask), regeneration's batched generation and the decoder's plain and speculative
+steps (a static cache written at explicit slots), so all of them see the same numbers.
 """
 
 import hashlib
@@ -22,14 +26,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from heads.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
 
 TARGET_IDENTITY = "target.json"  # beside a trained head: the target it was trained for
 SOURCE = "source.json"  # provenance + weight hashes of a converted GGUF
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -197,6 +211,164 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+@dataclass
+class TargetStep:
+    logits: torch.Tensor | None  # [B, S', V]: the last S' = num_logits positions (all by default; None for 0)
+    hidden_states: list[torch.Tensor]  # [B, S, H] per requested layer id (output of layer i, pre-norm)
+    final_hidden: torch.Tensor  # [B, S, H] after the final norm: what lm_head sees
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def _sliding_window(config, layer_idx: int) -> int | None:
+    if config.model_type == "llama":
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and layer_types[layer_idx] != "sliding_attention":
+        return None
+    return getattr(config, "sliding_window", None)
+
+
+class CachedTarget:
+    """The target's forward over an HF causal LM's own modules (`model.model.layers`,
+    `model.lm_head`), with explicit positions, cache slots and a bool attention mask: a
+    training row, a prefill, a batched decode step (every row at its own slot), a chain or
+    a tree verification are the same call. Owns no state but the model.
+
+    Supported: Llama, Mistral, Qwen2 (q/k/v biases come with the Linear modules) and Qwen3
+    (q_norm / k_norm). Sliding-window attention is not implemented: a cache longer than
+    the window is refused.
+    """
+
+    def __init__(self, model: PreTrainedModel):
+        config = model.config
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"target model_type {config.model_type!r} is not supported by the cached forward; "
+                f"supported: {SUPPORTED_MODEL_TYPES}"
+            )
+        self.model = model.eval()
+        self.config = config
+        self.layers = model.model.layers
+        attention = self.layers[0].self_attn
+        self.head_dim = attention.head_dim
+        self.num_kv_heads = config.num_key_value_heads
+        self.qk_norm = config.model_type == "qwen3"
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.lm_head.weight.dtype
+
+    def check_length(self, max_len: int, what: str = "the cache holds") -> None:
+        for layer_idx in range(self.num_layers):
+            window = _sliding_window(self.config, layer_idx)
+            if window is not None and window < max_len:
+                raise ValueError(
+                    f"target layer {layer_idx} uses sliding-window attention (window {window}) but "
+                    f"{what} {max_len} tokens; the cached forward has no sliding window: "
+                    f"lower max_len to <= {window}"
+                )
+
+    def new_cache(self, batch_size: int, max_len: int) -> list[KVCache]:
+        """One static cache per layer, allocated once for the longest sequence."""
+        self.check_length(max_len)
+        return [
+            KVCache(batch_size, self.num_kv_heads, max_len, self.head_dim, self.dtype, self.device)
+            for _ in range(self.num_layers)
+        ]
+
+    def _attention(
+        self,
+        layer_idx: int,
+        hidden: torch.Tensor,  # [B, S, H] after input_layernorm
+        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [B, S, head_dim]
+        cache: KVCache | None,
+        cache_positions: torch.Tensor | None,  # [S] or [B, S]
+        attn_mask: torch.Tensor | None,  # [B or 1, 1, S, L] bool; None: causal over the S new tokens
+    ) -> torch.Tensor:
+        attention = self.layers[layer_idx].self_attn
+        batch, length, _ = hidden.shape
+        query = attention.q_proj(hidden).view(batch, length, -1, self.head_dim)
+        key = attention.k_proj(hidden).view(batch, length, -1, self.head_dim)
+        value = attention.v_proj(hidden).view(batch, length, -1, self.head_dim)
+        if self.qk_norm:
+            query, key = attention.q_norm(query), attention.k_norm(key)
+        query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # [B, heads, S, head_dim]
+        cos, sin = (t.unsqueeze(1) for t in rope)
+        query = query * cos + _rotate_half(query) * sin
+        key = key * cos + _rotate_half(key) * sin
+        if cache is not None:
+            keys, values = cache.update(cache_positions, key, value)
+            kv_len = attn_mask.shape[-1]  # attend to cache slots 0 .. L - 1 only
+            key, value = keys[:, :, :kv_len], values[:, :, :kv_len]
+        out = F.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            is_causal=attn_mask is None,
+            scale=attention.scaling,
+            enable_gqa=True,
+        )
+        return attention.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, S]
+        positions: torch.Tensor,  # [B or 1, S] RoPE positions
+        cache: list[KVCache] | None,  # None: no cache, attention over the S tokens given
+        cache_positions: torch.Tensor | None,  # [S], or [B, S] per row: slots the new K/V are written at
+        attn_mask: torch.Tensor | None,  # [B or 1, 1, S, L] bool over cache slots 0 .. L - 1 (L <= max_len);
+        # without a cache: [B or 1, 1, S, S] over the tokens given, or None for causal
+        layer_ids: Sequence[int] = (),
+        num_logits: int | None = None,
+    ) -> TargetStep:
+        """Logits of the last num_logits positions (None = all, 0 = none) and the requested hidden states."""
+        bad_ids = [i for i in layer_ids if not 0 <= i < self.num_layers]
+        if bad_ids:
+            raise ValueError(f"layer ids {bad_ids} out of range for a {self.num_layers}-layer target")
+        if cache is None:
+            self.check_length(input_ids.shape[1], "a row holds")
+        decoder = self.model.model
+        hidden = decoder.embed_tokens(input_ids)
+        rope = decoder.rotary_emb(hidden, positions)
+        kept: dict[int, torch.Tensor] = {}
+        for layer_idx, layer in enumerate(self.layers):
+            attended = self._attention(
+                layer_idx,
+                layer.input_layernorm(hidden),
+                rope,
+                None if cache is None else cache[layer_idx],
+                cache_positions,
+                attn_mask,
+            )
+            hidden = hidden + attended
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            if layer_idx in layer_ids:
+                kept[layer_idx] = hidden
+        final_hidden = decoder.norm(hidden)
+        projected = (
+            final_hidden if num_logits is None else final_hidden[:, final_hidden.shape[1] - num_logits :]
+        )
+        return TargetStep(
+            logits=self.model.lm_head(projected) if num_logits != 0 else None,
+            hidden_states=[kept[layer_id] for layer_id in layer_ids],
+            final_hidden=final_hidden,
+        )
+
+
 class Target(nn.Module):
     """A frozen causal LM that hands out hidden states of chosen layers."""
 
@@ -206,6 +378,7 @@ class Target(nn.Module):
         self.tokenizer = tokenizer
         self.config: PretrainedConfig = model.config
         self.layers = model.model.layers
+        self.cached = CachedTarget(model)
 
     @classmethod
     def load(cls, cfg: TargetConfig) -> "Target":
@@ -264,6 +437,16 @@ class Target(nn.Module):
             "num_layers": self.num_layers,
         }
 
+    def weights_fingerprint(self) -> str:
+        """A cheap fingerprint of the weights (a strided sample of every tensor): what keys the
+        caches of the target's outputs (regenerated replies, hidden states)."""
+        digest = hashlib.sha256()
+        for name, tensor in sorted(self.model.state_dict().items()):
+            flat = tensor.detach().reshape(-1)
+            sample = flat[:: max(1, flat.numel() // 256)].float().cpu().numpy()
+            digest.update(name.encode() + sample.tobytes())
+        return digest.hexdigest()
+
     def save_identity(self, head_dir: Path) -> None:
         (Path(head_dir) / TARGET_IDENTITY).write_text(json.dumps(self.identity(), indent=2))
 
@@ -298,24 +481,18 @@ class Target(nn.Module):
         attention_mask: torch.Tensor | None = None,  # [B, T], 1 = real token
         layer_ids: Sequence[int] = (),
     ) -> TargetOutput:
+        """Hidden states of whole rows (training, the offline cache): the cached forward without a cache."""
         self.check_layer_ids(layer_ids)
-        captured: dict[int, torch.Tensor] = {}
-
-        def capture(layer_id: int):
-            def hook(_module, _inputs, output):
-                captured[layer_id] = output[0] if isinstance(output, tuple) else output
-
-            return hook
-
-        handles = [self.layers[i].register_forward_hook(capture(i)) for i in set(layer_ids)]
-        try:
-            out = self.model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        finally:
-            for handle in handles:
-                handle.remove()
-        return TargetOutput(
-            hidden_states=[captured[i] for i in layer_ids], final_hidden=out.last_hidden_state
-        )
+        length = input_ids.shape[1]
+        positions = torch.arange(length, device=input_ids.device).unsqueeze(0)
+        mask = None  # causal
+        if attention_mask is not None and not bool(attention_mask.all()):
+            keys = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, T]
+            causal = torch.ones(length, length, dtype=torch.bool, device=input_ids.device).tril()
+            # A padding query still sees itself, so that no row of the softmax is empty.
+            mask = (causal & keys) | torch.eye(length, dtype=torch.bool, device=input_ids.device)
+        out = self.cached.forward(input_ids, positions, None, None, mask, layer_ids, num_logits=0)
+        return TargetOutput(hidden_states=out.hidden_states, final_hidden=out.final_hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.get_output_embeddings()(hidden)

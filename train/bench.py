@@ -189,7 +189,7 @@ def run(args: argparse.Namespace, work_dir: Path) -> list[Result]:
     layer_ids, cache_dir = work.head_cfg.layer_ids, work_dir / "hidden_cache"
     start = time.perf_counter()
     build_hidden_cache(target, work.rows, layer_ids, cache_dir, show_progress=False)
-    cache = HiddenCache(cache_dir, target, layer_ids, len(work.rows))
+    cache = HiddenCache(cache_dir, target, layer_ids, work.rows)
     print(f"hidden-state cache: {len(work.rows)} rows in {time.perf_counter() - start:.1f} s", flush=True)
 
     plan = [("fp32", args.warmup, args.steps)]

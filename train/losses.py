@@ -288,23 +288,37 @@ def eagle3_ttt_loss(
     step_tokens = step_masks.sum(-1)  # [K]
     row_weights = step_masks.float() / step_tokens.clamp(min=1)[:, None]  # [K, N]
     step_weights = step_decay ** torch.arange(num_steps, dtype=torch.float32, device=loss_mask.device)
-    # No step scores a target row outside step 0's mask: zero it, as 0 x NaN would still be NaN.
-    target_hidden = _rows(target_final_hidden.detach(), 1, seq_len - 2)  # [N, Ht]
-    target_hidden = torch.where(step_masks[0, :, None], target_hidden, 0)
+    # No step scores a target row outside step 0's mask, so only those rows are projected and
+    # scored: prompt tokens (a third or more of a chat row) cost no vocabulary work. One host
+    # read per step (the count), against seconds of matmuls saved.
+    scored_rows = step_masks[0].nonzero().squeeze(1)  # [n]
+    target_hidden = _rows(target_final_hidden.detach(), 1, seq_len - 2).index_select(
+        0, scored_rows
+    )  # [n, Ht]
     states = torch.stack(list(step_states)).reshape(-1, step_states[0].shape[-1])  # [K * B * T, H]
     # Grad mode is off inside an autograd.Function's forward, so ask here whether to build gradients.
     with_grad = torch.is_grad_enabled() and (states.requires_grad or draft_lm_head.requires_grad)
-    loss, step_losses, draft_argmax, target_argmax, outside_mass = _TTTSoftKL.apply(
+    loss, step_losses, scored_draft_argmax, scored_target_argmax, scored_outside_mass = _TTTSoftKL.apply(
         states,
         draft_lm_head,
         target_hidden,
         target_lm_head.detach(),
         draft_token_ids,
-        draft_rows,
-        row_weights,
+        draft_rows.index_select(1, scored_rows),
+        row_weights.index_select(1, scored_rows),
         step_weights,
         chunk_size,
         with_grad,
+    )
+    # Back to the [K, N] layout of every target row (rows not scored: masked out below).
+    draft_argmax = scored_draft_argmax.new_zeros(step_masks.shape).index_copy_(
+        1, scored_rows, scored_draft_argmax
+    )
+    target_argmax = scored_target_argmax.new_full(step_masks.shape[1:], -1).index_copy_(
+        0, scored_rows, scored_target_argmax
+    )
+    outside_mass = scored_outside_mass.new_zeros(step_masks.shape[1:]).index_copy_(
+        0, scored_rows, scored_outside_mass
     )
     correct = draft_token_ids[draft_argmax] == target_argmax  # [K, N]
     t2d = torch.zeros(target_lm_head.shape[0], dtype=torch.bool, device=draft_token_ids.device)

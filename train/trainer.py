@@ -129,7 +129,7 @@ def train(
         with accelerator.main_process_first():
             if accelerator.is_main_process:
                 build_hidden_cache(target, train_rows, layer_ids, cache_dir)
-        cache = HiddenCache(cache_dir, target, layer_ids, len(train_rows))
+        cache = HiddenCache(cache_dir, target, layer_ids, train_rows)
     features = FeatureSource(target, layer_ids, cache)
     val_features = FeatureSource(target, layer_ids, None)  # the cache holds train rows only
     plan = BatchPlan(len(train_rows), cfg.batch_size, cfg.grad_accum, accelerator.num_processes, cfg.seed)

@@ -3,11 +3,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 import data.regenerate as regenerate
 from data.chat_template import generation_prompt_ids
 from data.prepare import DataConfig, select_conversations
-from data.regenerate import RegenerateConfig, generate_replies, regenerate_data
+from data.regenerate import RegenerateConfig, regenerate_data, stop_tokens
 from heads.target import Target, TargetConfig
 
 
@@ -51,6 +52,21 @@ def read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in open(path)]
 
 
+def hf_greedy_reply(target, prompt_ids: list[int], max_new_tokens: int) -> str:
+    """What HF greedy `generate` replies to one prompt, alone (no batch, no padding)."""
+    ids = torch.tensor([prompt_ids])
+    output = target.model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=stop_tokens(target),
+        pad_token_id=target.tokenizer.pad_token_id,
+    )[0, len(prompt_ids) :].tolist()
+    ended = next((i for i, token in enumerate(output) if token in stop_tokens(target)), len(output))
+    return target.tokenizer.decode(output[:ended], skip_special_tokens=True).strip()
+
+
 def test_every_reply_is_the_targets_own_and_later_turns_see_earlier_replies(
     tiny_target, two_turn_chats, tmp_path
 ):
@@ -66,12 +82,12 @@ def test_every_reply_is_the_targets_own_and_later_turns_see_earlier_replies(
         assert [m["content"] for m in row["messages"] if m["role"] == "user"] == [
             m["content"] for m in original["messages"] if m["role"] == "user"
         ]
-        # Each reply is what the target generates, alone, for the regenerated prefix before it.
+        # Each reply is HF greedy `generate`'s, alone, for the regenerated prefix before it.
         for turn in (1, 3):
             prefix = generation_prompt_ids(tiny_target.tokenizer, row["messages"][:turn])
-            alone = generate_replies(tiny_target, [prefix], cfg.regenerate, seed=0)[0]
-            assert row["messages"][turn]["content"] == alone.text
-            assert alone.text not in ("Recorded answer one.", "Recorded answer two.")
+            alone = hf_greedy_reply(tiny_target, prefix, cfg.regenerate.max_new_tokens)
+            assert row["messages"][turn]["content"] == alone
+            assert alone not in ("Recorded answer one.", "Recorded answer two.")
     manifest = json.loads((out_dir(out) / "manifest.json").read_text())
     assert manifest["counts"]["selected"] == manifest["counts"]["kept"] == 7
     assert manifest["counts"]["replies"] == 14
@@ -83,14 +99,15 @@ def out_dir(cfg: DataConfig) -> Path:
 
 
 def counting(monkeypatch) -> list[int]:
+    """The indices of the conversations sent to generation, as the run goes."""
     calls: list[int] = []
-    original = regenerate.generate_replies
+    original = regenerate.regenerate_conversations
 
-    def wrapped(target, prompts, *args):
-        calls.append(len(prompts))
-        return original(target, prompts, *args)
+    def wrapped(target, conversations, *args, **kw):
+        calls.extend(i for i, _ in conversations)
+        return original(target, conversations, *args, **kw)
 
-    monkeypatch.setattr(regenerate, "generate_replies", wrapped)
+    monkeypatch.setattr(regenerate, "regenerate_conversations", wrapped)
     return calls
 
 
@@ -101,15 +118,16 @@ def test_a_killed_run_resumes_where_it_stopped_and_a_finished_one_is_reused(
     first = run(cfg, tiny_target)
     expected = read_jsonl(first.sources[0])
     directory = out_dir(first)
-    # Kill simulation: no merge yet, the last two rows lost (one half written): batches of 3, 3, 1.
+    # Kill simulation: no merge yet, the last two rows lost (one half written).
     (directory / "manifest.json").unlink()
     (directory / "conversations.jsonl").unlink()
     part = directory / "part-0.jsonl"
     lines = part.read_text().splitlines(keepends=True)
     part.write_text("".join(lines[:-2]) + lines[-2][:10])
+    lost = sorted(json.loads(line)["index"] for line in lines[-2:])
     calls = counting(monkeypatch)
     again = run(cfg, tiny_target)
-    assert calls == [3, 3, 1, 1]  # the second and third batches again, two turns each; not the first
+    assert sorted(calls) == lost  # those two again, nothing else
     assert read_jsonl(again.sources[0]) == expected
     calls.clear()
     assert run(cfg, tiny_target).sources == again.sources

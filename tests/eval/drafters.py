@@ -10,8 +10,8 @@ import copy
 import torch
 from torch import nn
 
-from eval.target_forward import CachedTarget
 from heads.kv_cache import KVCache
+from heads.target import CachedTarget
 from tests.helpers import tiny_llama
 
 # The hidden state LMDrafter.step returns: features made by the drafter (not the target)

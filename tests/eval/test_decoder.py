@@ -8,10 +8,10 @@ from eval.decoder import (
     TreeDrafting,
 )
 from eval.policies import DraftProbabilityThreshold, StaticDraftLength
-from eval.target_forward import CachedTarget
 from eval.tree import causal_mask
 from eval.verify import SamplingParams, process_logits
 from heads.kv_cache import KVCache
+from heads.target import CachedTarget
 from kernels import kv_compact_reference
 from tests.eval.drafters import (
     DRAFTER_FEATURE,

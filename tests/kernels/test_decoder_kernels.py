@@ -7,9 +7,9 @@ import torch
 pytest.importorskip("triton")
 
 from eval.decoder import SpeculativeDecoder, TreeDrafting  # noqa: E402
-from eval.target_forward import CachedTarget  # noqa: E402
 from eval.tree import causal_mask  # noqa: E402
 from eval.verify import SamplingParams  # noqa: E402
+from heads.target import CachedTarget  # noqa: E402
 from kernels import kv_compact, registry, tree_metadata, tree_verify  # noqa: E402
 from tests.eval.drafters import LMDrafter, perturbed_copy  # noqa: E402
 from tests.helpers import tiny_llama  # noqa: E402

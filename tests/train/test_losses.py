@@ -278,11 +278,13 @@ def _matmul_flops(run) -> int:
     return counter.flops
 
 
-def test_ttt_loss_projects_each_target_position_once_for_all_steps():
+def test_ttt_loss_projects_each_scored_target_position_once_for_all_steps():
+    """Vocabulary work only for the positions a loss reads (the loss mask), once for all steps."""
     inputs = _ttt_inputs()
-    states, _, draft_token_ids, target_final_hidden, target_lm_head, _ = inputs
-    batch, seq, hidden = target_final_hidden.shape
-    rows, num_steps = batch * (seq - 2), len(states)
+    states, _, draft_token_ids, target_final_hidden, target_lm_head, loss_mask = inputs
+    hidden = target_final_hidden.shape[-1]
+    rows, num_steps = int(loss_mask[:, 2:].sum()), len(states)
+    assert 0 < rows < loss_mask[:, 2:].numel()  # some positions are not scored
     target_flops = 2 * rows * target_lm_head.shape[0] * hidden  # one full-vocab projection per position
     draft_flops = 2 * rows * len(draft_token_ids) * hidden  # per step and product
     with_grad = _matmul_flops(lambda: eagle3_ttt_loss(*inputs, chunk_size=5))

@@ -98,7 +98,7 @@ def test_offline_hidden_states_give_the_same_loss_as_online(make_job, tmp_path):
     objective = build_objective(job.head, target, prepared.train, job.train)
     rows = [0, 3]
     build_hidden_cache(target, prepared.train, objective.layer_ids, tmp_path / "cache", rows_per_shard=4)
-    cache = HiddenCache(tmp_path / "cache", target, objective.layer_ids, len(prepared.train))
+    cache = HiddenCache(tmp_path / "cache", target, objective.layer_ids, prepared.train)
     batch = pad_rows([prepared.train[i] for i in rows], target.tokenizer.pad_token_id)
     online, _ = objective(FeatureSource(target, objective.layer_ids, None)(rows, batch))
     offline, _ = objective(FeatureSource(target, objective.layer_ids, cache)(rows, batch))

@@ -1,9 +1,16 @@
 import pytest
 import torch
-from transformers import MistralConfig, MistralForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
-from eval.target_forward import CachedTarget
 from eval.tree import causal_mask, tree_attention_mask, tree_layout
+from heads.target import CachedTarget
 from tests.helpers import tiny_llama
 
 MAX_LEN = 32
@@ -25,6 +32,14 @@ def tiny_qwen3():
     return Qwen3ForCausalLM(Qwen3Config(head_dim=8, **SMALL)).eval()
 
 
+def tiny_qwen2():
+    """Qwen2's q/k/v projections carry biases."""
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**SMALL)).eval()
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    return model
+
+
 def tiny_mistral(sliding_window=None):
     torch.manual_seed(0)
     return MistralForCausalLM(MistralConfig(sliding_window=sliding_window, **SMALL)).eval()
@@ -38,7 +53,11 @@ def full_forward(target: CachedTarget, input_ids: torch.Tensor, layer_ids):
     return target.forward(input_ids, positions, cache, torch.arange(length), mask, layer_ids), cache
 
 
-@pytest.mark.parametrize("build", [tiny_llama, tiny_qwen3, tiny_mistral], ids=["llama", "qwen3", "mistral"])
+FAMILIES = [tiny_llama, tiny_qwen2, tiny_qwen3, tiny_mistral]
+FAMILY_IDS = ["llama", "qwen2", "qwen3", "mistral"]
+
+
+@pytest.mark.parametrize("build", FAMILIES, ids=FAMILY_IDS)
 def test_cached_forward_equals_hf_forward(build):
     model = build()
     target = CachedTarget(model)
@@ -105,3 +124,32 @@ def test_unsupported_architectures_and_layer_ids_are_refused():
         CachedTarget(model)
     with pytest.raises(ValueError, match="sliding-window attention \\(window 16\\)"):
         CachedTarget(tiny_mistral(sliding_window=16)).new_cache(1, MAX_LEN)
+
+
+@pytest.mark.parametrize("build", FAMILIES, ids=FAMILY_IDS)
+def test_rows_written_at_their_own_slots_equal_rows_decoded_alone(build):
+    """A batched decode step (cache_positions [B, 1], each row at its own length) gives each
+    row what decoding it alone gives."""
+    target = CachedTarget(build())
+    prompts = [torch.randint(0, 128, (1, n)) for n in (3, 7, 5)]
+    alone = [full_forward(target, p, layer_ids=())[0].logits[:, -1] for p in prompts]
+    cache = target.new_cache(3, MAX_LEN)
+    for b, prompt in enumerate(prompts):  # prefill every row but its last token, alone
+        slots = torch.arange(prompt.shape[1] - 1)
+        mask = causal_mask(0, len(slots), MAX_LEN, "cpu")
+        target.forward(prompt[:, :-1], slots.unsqueeze(0), [layer.rows(b, b + 1) for layer in cache], slots, mask)
+    lengths = torch.tensor([[p.shape[1] - 1] for p in prompts])  # [B, 1]
+    mask = (torch.arange(MAX_LEN)[None, :] <= lengths)[:, None, None, :]
+    last = torch.cat([p[:, -1:] for p in prompts])
+    batched = target.forward(last, lengths, cache, lengths, mask).logits[:, -1]
+    torch.testing.assert_close(batched, torch.cat(alone), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("build", FAMILIES, ids=FAMILY_IDS)
+def test_whole_row_forward_without_a_cache_equals_the_cached_one(build):
+    target = CachedTarget(build())
+    input_ids = torch.randint(0, 128, (2, 9))
+    cached, _ = full_forward(target, input_ids[:1], layer_ids=[0])
+    uncached = target.forward(input_ids, torch.arange(9).unsqueeze(0), None, None, None, [0])
+    torch.testing.assert_close(uncached.logits[:1], cached.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(uncached.hidden_states[0][:1], cached.hidden_states[0], rtol=1e-5, atol=1e-5)
