@@ -27,7 +27,7 @@ from data.chat_template import ChatEncoder, TokenisedConversation, chat_template
 from data.conversations import Conversation, normalise_all
 from data.regenerate import RegenerateConfig
 from data.sources import parse_source, read_source, source_fingerprint
-from data.tally import Tally
+from data.tally import Tally, report_short_selection
 from heads.target import tokenizer_hash
 
 MANIFEST_FORMAT = 1  # bump when the saved layout or the tokenisation method changes
@@ -233,6 +233,7 @@ def prepare_dataset(cfg: DataConfig, tokenizer, out_dir: Path) -> PreparedData:
             total_tokens += sum(len(row.input_ids) for row in encoded)
             progress.set_postfix(tokens=f"{total_tokens:,}", refresh=False)
             progress.update(len(batch))
+    report_short_selection(cfg.max_conversations, progress.n, cfg.sources, cfg.skip_conversations)
     if not rows:
         raise ValueError(
             f"no conversation left to train on from data.sources={cfg.sources}: {tally.to_dict()}"

@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from data.chat_template import generation_prompt_ids
 from data.conversations import Conversation
 from data.generation import BatchedGenerator, Completion, Request
-from data.tally import Tally
+from data.tally import Tally, report_short_selection
 
 FORMAT = 2  # bump when the output layout or the generation method changes
 
@@ -197,6 +197,9 @@ def regenerate_data(
         out_dir.mkdir(parents=True, exist_ok=True)
         tally = Tally()
         selected = list(conversations(tally))
+        report_short_selection(
+            data_cfg.max_conversations, len(selected), data_cfg.sources, data_cfg.skip_conversations
+        )
         indices = list(range(rank, len(selected), world))
         _generate_part(out_dir, rank, indices, selected, target, cfg, data_cfg.max_length)
         barrier()

@@ -49,3 +49,13 @@ class Tally:
             "kept": self.kept,
             "examples": self.examples,
         }
+
+
+def report_short_selection(asked: int | None, selected: int, sources: list[str], skipped: int) -> None:
+    """Say so when the sources hold fewer conversations than data.max_conversations asked for."""
+    if asked is not None and selected < asked:
+        print(
+            f"data.max_conversations={asked}, but the sources {sources} hold only {selected} usable "
+            f"conversations after data.skip_conversations={skipped} and normalisation: using those",
+            flush=True,
+        )

@@ -8,7 +8,9 @@ from tests.helpers import tiny_llama, tiny_tokenizer
 
 def rows(seed: int, count: int = 5) -> list[dict]:
     generator = torch.Generator().manual_seed(seed)
-    return [{"input_ids": torch.randint(4, 128, (6 + i,), generator=generator).tolist()} for i in range(count)]
+    return [
+        {"input_ids": torch.randint(4, 128, (6 + i,), generator=generator).tolist()} for i in range(count)
+    ]
 
 
 def tiny_target(seed: int = 0) -> Target:
@@ -29,7 +31,10 @@ def test_the_cache_holds_the_targets_hidden_states_of_each_row(tmp_path):
     "other, key",
     [
         (lambda: (tiny_target(), rows(1), [0, 2]), "rows_sha256"),  # same count, other token ids
-        (lambda: (tiny_target(), rows(0)[:4] + [{"input_ids": rows(0)[4]["input_ids"][:-1]}], [0, 2]), "max_length"),
+        (
+            lambda: (tiny_target(), rows(0)[:4] + [{"input_ids": rows(0)[4]["input_ids"][:-1]}], [0, 2]),
+            "max_length",
+        ),
         (lambda: (tiny_target(seed=1), rows(0), [0, 2]), "weights"),
         (lambda: (tiny_target(), rows(0), [0, 1]), "layer_ids"),
     ],

@@ -102,6 +102,15 @@ def test_max_conversations_stops_early(chats, tmp_path, smollm2_tokenizer):
     assert (len(prepared.train), len(prepared.validation)) == (3, 1)
 
 
+def test_asking_for_more_conversations_than_exist_says_how_many_exist(
+    chats, tmp_path, smollm2_tokenizer, capsys
+):
+    cfg = DataConfig(sources=[str(chats)], max_conversations=500, val_fraction=0.25)
+    prepared = prepare_dataset(cfg, smollm2_tokenizer, tmp_path / "out")
+    assert "data.max_conversations=500, but the sources" in capsys.readouterr().out
+    assert len(prepared.train) + len(prepared.validation) == 20  # the 20 good ones, all used
+
+
 def test_skip_conversations_takes_the_ones_after_and_counts_the_skipped(chats, tmp_path, smollm2_tokenizer):
     cfg = DataConfig(sources=[str(chats)], skip_conversations=15, max_conversations=4, val_fraction=0.25)
     prepared = prepare_dataset(cfg, smollm2_tokenizer, tmp_path / "out")

@@ -214,3 +214,12 @@ def test_the_job_trains_on_regenerated_replies(make_job, tmp_path):
     manifest = json.loads((Path(results["data_dir"]) / "manifest.json").read_text())
     [source] = manifest["sources"]
     assert "/regenerated/" in source["location"] and source["location"].endswith("conversations.jsonl")
+
+
+def test_asking_for_more_conversations_than_the_sources_hold_says_how_many_exist(
+    tiny_target, two_turn_chats, tmp_path, capsys
+):
+    out = run(replace(data_cfg(two_turn_chats, tmp_path), max_conversations=10), tiny_target)
+    printed = capsys.readouterr().out
+    assert "data.max_conversations=10, but the sources" in printed and "hold only 7 usable" in printed
+    assert len(read_jsonl(out.sources[0])) == 7

@@ -137,7 +137,9 @@ def test_rows_written_at_their_own_slots_equal_rows_decoded_alone(build):
     for b, prompt in enumerate(prompts):  # prefill every row but its last token, alone
         slots = torch.arange(prompt.shape[1] - 1)
         mask = causal_mask(0, len(slots), MAX_LEN, "cpu")
-        target.forward(prompt[:, :-1], slots.unsqueeze(0), [layer.rows(b, b + 1) for layer in cache], slots, mask)
+        target.forward(
+            prompt[:, :-1], slots.unsqueeze(0), [layer.rows(b, b + 1) for layer in cache], slots, mask
+        )
     lengths = torch.tensor([[p.shape[1] - 1] for p in prompts])  # [B, 1]
     mask = (torch.arange(MAX_LEN)[None, :] <= lengths)[:, None, None, :]
     last = torch.cat([p[:, -1:] for p in prompts])
