@@ -143,8 +143,7 @@ def _load_if_unchanged(out_dir: Path, expected: dict) -> PreparedData | None:
         return None  # a damaged manifest just means: prepare again
     if _reuse_key(manifest) != _reuse_key(expected):
         return None
-    splits = datasets.load_from_disk(str(out_dir / "dataset"))
-    return PreparedData(splits["train"], splits["validation"], manifest, out_dir, reused=True)
+    return PreparedData(*_load_splits(out_dir), manifest, out_dir, reused=True)
 
 
 def select_conversations(cfg: DataConfig, tally: Tally) -> Iterator[Conversation]:
@@ -250,8 +249,14 @@ def prepare_dataset(cfg: DataConfig, tokenizer, out_dir: Path) -> PreparedData:
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     )
     _save(out_dir, _to_dataset(train_rows), _to_dataset(validation_rows), manifest)
+    return PreparedData(*_load_splits(out_dir), manifest, out_dir, reused=False)
+
+
+def _load_splits(out_dir: Path) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """(train, validation); no validation split on disk (data.val_fraction=0) reads as empty."""
     splits = datasets.load_from_disk(str(out_dir / "dataset"))
-    return PreparedData(splits["train"], splits["validation"], manifest, out_dir, reused=False)
+    train = splits["train"]
+    return train, splits["validation"] if "validation" in splits else train.select([])
 
 
 def _save(out_dir: Path, train: datasets.Dataset, validation: datasets.Dataset, manifest: dict) -> None:
@@ -263,9 +268,9 @@ def _save(out_dir: Path, train: datasets.Dataset, validation: datasets.Dataset, 
     bars_were_enabled = not datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()  # saving takes well under a second; its bars would bury the summary
     try:
-        datasets.DatasetDict({"train": train, "validation": validation}).save_to_disk(
-            str(out_dir / "dataset")
-        )
+        # `datasets` cannot read back an empty split: none is written (see _load_splits).
+        splits = {"train": train} | ({"validation": validation} if len(validation) else {})
+        datasets.DatasetDict(splits).save_to_disk(str(out_dir / "dataset"))
     finally:
         if bars_were_enabled:
             datasets.enable_progress_bars()

@@ -200,7 +200,7 @@ def train(
                 )
             bar.set_postfix(loss=f"{rows_logged[-1]['loss']:.3f}", tok_s=f"{tokens_per_s:.0f}")
             pending, tick, tokens_at_tick = [], time.perf_counter(), state.tokens
-        if state.step % cfg.val_every == 0 or state.step == cfg.max_steps:
+        if len(val_rows) and (state.step % cfg.val_every == 0 or state.step == cfg.max_steps):
             accelerator.log(validate(model, val_features, val_rows, cfg, pad_id), step=state.step)
         if state.step % cfg.checkpoint_every == 0 or state.step == cfg.max_steps:
             save_checkpoint(accelerator, run_dir / "checkpoints", state)
@@ -209,7 +209,9 @@ def train(
     head_dir = run_dir / "head"
     if accelerator.is_main_process:
         objective = accelerator.unwrap_model(model)
-        if objective.confidence is not None:
+        if objective.confidence is not None and not len(val_rows):
+            log.info("no validation split (data.val_fraction=0): confidence temperatures left at 1")
+        elif objective.confidence is not None:
             # First fit on the held-out split's own tokens; eval refits on real decoding.
             fit = calibrate_on_batches(objective, _val_batches(val_features, val_rows, cfg, pad_id))
             log.info("confidence temperatures (held-out proxy): %s", fit)

@@ -62,7 +62,7 @@ def _import_parser() -> argparse.ArgumentParser:
 def export_main(argv: list[str]) -> Path:
     args = _export_parser().parse_args(argv)
     layout = layout_for(read_head_config(args.head)["kind"], args.format)
-    verdict = gate(args.report, args.min_acceptance_length, args.force)
+    verdict = gate(args.report, args.min_acceptance_length, args.force, "--min-acceptance-length", "--force")
     target = Target.load(TargetConfig(name=args.target))
     weights = TargetWeights.from_target(target).cpu()
     head = load_head(

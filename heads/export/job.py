@@ -41,9 +41,14 @@ def read_eval_report(path: Path) -> tuple[float, dict[str, float]] | None:
 
 
 def gate(
-    report_path: Path | None, min_acceptance_length: float, force: bool
+    report_path: Path | None,
+    min_acceptance_length: float,
+    force: bool,
+    threshold_name: str = "export.min_acceptance_length",
+    force_setting: str = "export.force=true",
 ) -> tuple[float | None, dict[str, float], bool]:
-    """(overall AL, AL per task, forced): refuses unless the eval passed or force is set."""
+    """(overall AL, AL per task, forced): refuses unless the eval passed or force is set. The
+    names are the caller's spelling of the two settings (the job's keys, or a tool's flags)."""
     evaluation = read_eval_report(report_path) if report_path is not None else None
     if evaluation is None:
         reason = f"no eval report ({report_path or 'none given'}; run the eval stage first)"
@@ -52,9 +57,9 @@ def gate(
         overall, per_task = evaluation
         if overall >= min_acceptance_length:
             return overall, per_task, False
-        reason = f"overall acceptance length {overall:.3f} in {report_path} is below export.min_acceptance_length={min_acceptance_length}"
+        reason = f"overall acceptance length {overall:.3f} in {report_path} is below {threshold_name}={min_acceptance_length}"
     if not force:
-        raise ValueError(f"export refused: {reason}; set export.force=true to export anyway (it is recorded)")
+        raise ValueError(f"export refused: {reason}; set {force_setting} to export anyway (it is recorded)")
     log.warning("export forced although %s", reason)
     return overall, per_task, True
 

@@ -148,3 +148,11 @@ def test_default_out_dir_depends_on_content_not_on_cache_dir_name(tmp_path, smol
     a = default_out_dir(DataConfig(cache_dir=str(tmp_path)), smollm2_tokenizer)
     b = default_out_dir(DataConfig(cache_dir=str(tmp_path), max_length=1024), smollm2_tokenizer)
     assert a.parent == tmp_path and a != b
+
+
+def test_val_fraction_zero_means_no_validation_split(chats, tmp_path, smollm2_tokenizer):
+    cfg = DataConfig(sources=[str(chats)], val_fraction=0.0)
+    first = prepare_dataset(cfg, smollm2_tokenizer, tmp_path / "out")
+    again = prepare_dataset(cfg, smollm2_tokenizer, tmp_path / "out")
+    assert (len(first.train), len(first.validation)) == (20, 0)
+    assert again.reused and (len(again.train), len(again.validation)) == (20, 0)

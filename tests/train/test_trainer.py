@@ -242,3 +242,8 @@ def test_two_cpu_processes_stay_in_sync_and_count_tokens_over_both_ranks(make_jo
     train_rows = [r for r in history if "train/loss" in r]
     assert [r["train/tokens"] for r in train_rows] == expected_tokens(job, world=2, steps=2)
     assert [r["train/rank_weight_spread"] for r in history if "train/rank_weight_spread" in r] == [0.0]
+
+
+def test_a_job_without_a_validation_split_trains(make_job, tmp_path):
+    run(make_job("data.val_fraction=0", "train.max_steps=2"))
+    assert head_weights(tmp_path / "run")

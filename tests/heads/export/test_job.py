@@ -76,17 +76,19 @@ def test_the_gate_refuses_without_a_report(tmp_path, target):
 
 def test_the_gate_refuses_a_low_acceptance_length(tmp_path, target):
     head_dir, _ = _head_dir(tmp_path, target)
-    _write_report(tmp_path, overall=1.1)
-    with pytest.raises(ValueError, match=r"1\.100 .* below export\.min_acceptance_length=1\.2"):
+    _write_report(tmp_path, overall=1.05)
+    with pytest.raises(
+        ValueError, match=r"1\.050 .* below export\.min_acceptance_length=1\.1; set export\.force=true"
+    ):
         export_job(_job(tmp_path), target, head_dir)
 
 
 def test_force_exports_and_says_so(tmp_path, target):
     head_dir, _ = _head_dir(tmp_path, target)
-    _write_report(tmp_path, overall=1.1)
+    _write_report(tmp_path, overall=1.05)
     (path,) = export_job(_job(tmp_path, formats=["vllm"], force=True), target, head_dir)
     config = json.loads((path / "config.json").read_text())
-    assert config["drafter"]["gate"] == {"min_acceptance_length": 1.2, "forced": True}
+    assert config["drafter"]["gate"] == {"min_acceptance_length": 1.1, "forced": True}
     assert "WARNING: exported with export.force=true" in (path / "README.md").read_text()
 
 
@@ -144,10 +146,15 @@ def test_cli_exports_and_imports(tmp_path):
     weights = TargetWeights.from_model(model)
     head = make_head("eagle3", weights)
     head.save_pretrained(tmp_path / "head")
-    _write_report(tmp_path, overall=2.0)
     common = ["--target", str(target_dir), "--format", "speculators"]
     with pytest.raises(ValueError, match="no eval report"):
         main(["--head", str(tmp_path / "head"), *common, "--out", str(tmp_path / "spec")])
+    _write_report(tmp_path, overall=1.05)
+    report = ["--report", str(tmp_path / "eval" / "report.json")]
+    # The tool's default gate is the job's, and its message names the tool's own flags.
+    with pytest.raises(ValueError, match=r"below --min-acceptance-length=1\.1; set --force to export"):
+        main(["--head", str(tmp_path / "head"), *common, "--out", str(tmp_path / "spec"), *report])
+    _write_report(tmp_path, overall=2.0)
 
     out = main(
         [
