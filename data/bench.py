@@ -4,7 +4,7 @@
                          [--hf-batch-size 32] [--batch-sizes 32 64]
 
 Both replay the same ShareGPT conversations turn by turn through the same state machine
-(data/regenerate.py `_Replay`: same prompts, same cuts at max_length), greedy, fp32, and
+(data/regenerate.py `Replay`: same prompts, same cuts at max_length), greedy, fp32, and
 count the same generated tokens. The baseline is what regeneration did before
 data/generation.py: a left-padded HF `generate` per turn over a batch of conversations,
 which runs until the batch's longest reply ends. The figures: generated tokens/s, the
@@ -20,12 +20,12 @@ import torch
 
 from data.generation import Completion
 from data.prepare import DataConfig, select_conversations
-from data.regenerate import RegenerateConfig, Regenerated, _Replay, regenerate_conversations, stop_tokens
+from data.regenerate import RegenerateConfig, Regenerated, Replay, regenerate_conversations, stop_tokens
 from data.tally import Tally
 from heads.target import Target, TargetConfig
 
 
-def hf_generate_turns(target, replays: list[_Replay]) -> None:
+def hf_generate_turns(target, replays: list[Replay]) -> None:
     """The baseline: turn by turn, one left-padded HF `generate` over the batch."""
     stop = stop_tokens(target)
     requests = {id(r): r.next_request() for r in replays}
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     conversations = list(islice(select_conversations(data_cfg, Tally()), args.conversations))
     cfg = RegenerateConfig(max_new_tokens=args.max_new_tokens)
 
-    def replays() -> list[_Replay]:
-        return [_Replay(i, c, target.tokenizer, cfg, args.max_length) for i, c in enumerate(conversations)]
+    def replays() -> list[Replay]:
+        return [Replay(i, c, target.tokenizer, cfg, args.max_length) for i, c in enumerate(conversations)]
 
     start = time.perf_counter()
     baseline = replays()

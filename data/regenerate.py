@@ -80,7 +80,7 @@ def stop_tokens(target) -> list[int]:
     return eos
 
 
-class _Replay:
+class Replay:
     """One conversation replayed to the target, turn by turn.
 
     It stops at the first turn whose prompt already fills `max_length` tokens (its training
@@ -141,7 +141,7 @@ def regenerate_conversations(
     generator = BatchedGenerator(
         target.cached, cfg.batch_size, max_length, stop_tokens(target), cfg.temperature, cfg.top_p, seed
     )
-    replays = (_Replay(i, c, target.tokenizer, cfg, max_length) for i, c in conversations)
+    replays = (Replay(i, c, target.tokenizer, cfg, max_length) for i, c in conversations)
 
     def requests() -> Iterator[Request]:
         for replay in replays:
@@ -152,7 +152,7 @@ def regenerate_conversations(
                 yield request
 
     def follow_up(completion: Completion) -> Request | None:
-        replay: _Replay = completion.request.tag
+        replay: Replay = completion.request.tag
         on_tokens(len(completion.tokens))
         request = replay.take_reply(completion)
         if request is None:
