@@ -9,7 +9,9 @@ step. Target tokens are the batch's non-pad tokens. Every configuration (fp32 / 
 online / offline) gets a fresh head, its own warm-up, then batches in a fixed order (online and
 offline read the same ones), all in one process. The table comes last, with each configuration's
 peak RSS (the kernel's counter is reset before each one; memory the allocator kept from earlier
-ones still counts). bf16 autocast is ~25x
+ones still counts), the work per token (torch's FlopCounterMode on one more, untimed step) and the
+achieved GFLOP/s against this CPU's measured fp32 matmul rate: the distance to the limit.
+bf16 autocast is ~25x
 slower than fp32 on CPUs without avx512_bf16, so it runs fewer steps (--bf16-steps, no warm-up
 by default) or none (--skip-bf16).
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
+from torch.utils.flop_counter import FlopCounterMode
 
 from data.hidden_cache import HiddenCache, build_hidden_cache
 from data.prepare import DataConfig, prepare_dataset
@@ -44,10 +47,16 @@ class Result:
     tokens: int  # non-pad tokens over the measured steps
     seconds: float
     peak_rss_bytes: int  # peak resident set size of the process during this configuration
+    flops_per_token: float  # counted on one more, untimed step (torch's FlopCounterMode: matmuls, attention)
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
+
+    @property
+    def gflops(self) -> float:
+        """Achieved GFLOP/s over the timed steps."""
+        return self.flops_per_token * self.tokens_per_s / 1e9
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -150,18 +159,41 @@ def measure(work: Workload, cache: HiddenCache | None, precision: str, warmup: i
     for index in range(warmup, warmup + steps):
         tokens += step(index)
     seconds = time.perf_counter() - start
+    peak = _peak_rss_bytes(resettable)
+    with FlopCounterMode(display=False) as counter:
+        counted_tokens = step(warmup + steps)
     mode = "online" if cache is None else "offline"
-    return Result(mode, precision, steps, tokens, seconds, _peak_rss_bytes(resettable))
+    return Result(mode, precision, steps, tokens, seconds, peak, counter.get_total_flops() / counted_tokens)
 
 
-def format_table(results: list[Result]) -> str:
-    header = f"{'hidden states':<14}{'precision':<10}{'steps':>6}{'tokens':>8}{'s/step':>9}{'tokens/s':>10}{'peak RSS':>10}"
+def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
+    """This CPU's fp32 matmul rate (median of `repeats` size x size products): the ceiling a step
+    made of matmuls could reach."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / sorted(times)[repeats // 2] / 1e9
+
+
+def format_table(results: list[Result], peak_gflops: float) -> str:
+    header = (
+        f"{'hidden states':<14}{'precision':<10}{'steps':>6}{'tokens':>8}{'s/step':>9}{'tokens/s':>10}"
+        f"{'peak RSS':>10}{'GFLOP/tok':>11}{'GFLOP/s':>9}{'of matmul':>11}"
+    )
     lines = [header, "-" * len(header)]
     for r in results:
         lines.append(
             f"{r.hidden_states:<14}{r.precision:<10}{r.steps:>6}{r.tokens:>8}{r.seconds / r.steps:>9.2f}"
-            f"{r.tokens_per_s:>10.1f}{r.peak_rss_bytes / 2**30:>8.2f} G"
+            f"{r.tokens_per_s:>10.1f}{r.peak_rss_bytes / 2**30:>8.2f} G{r.flops_per_token / 1e9:>11.2f}"
+            f"{r.gflops:>9.1f}{r.gflops / peak_gflops:>10.0%}"
         )
+    lines.append(
+        f"(of matmul: achieved GFLOP/s over this CPU's fp32 2048x2048 matmul rate, {peak_gflops:.0f} GFLOP/s)"
+    )
     return "\n".join(lines)
 
 
@@ -224,7 +256,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     else:
         with tempfile.TemporaryDirectory(prefix="drafter-bench-") as work_dir:
             results = run(args, Path(work_dir))
-    print(format_table(results), flush=True)
+    print(format_table(results, matmul_gflops()), flush=True)
     return results
 
 

@@ -46,8 +46,12 @@ def test_bench_measures_every_configuration_and_prints_the_table_last(tiny_input
         assert 0 < result.tokens <= result.steps * 2 * 32  # non-pad tokens only
         assert result.tokens_per_s > 0 and result.peak_rss_bytes > 2**20
     assert results[0].tokens == results[1].tokens  # online and offline read the same batches
-    table = capsys.readouterr().out.strip().splitlines()[-6:]
-    assert "tokens/s" in table[0]
+    # Work per token is counted: offline reads the target's hidden states instead of computing them.
+    assert 0 < results[1].flops_per_token < results[0].flops_per_token and results[0].gflops > 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    table, footer = printed[-7:-1], printed[-1]
+    assert "tokens/s" in table[0] and "GFLOP/s" in table[0]
+    assert "matmul rate" in footer
     assert [line.split()[:2] for line in table[2:]] == [
         ["online", "fp32"],
         ["offline", "fp32"],
