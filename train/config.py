@@ -91,8 +91,9 @@ class TrainConfig:
 
 @dataclass
 class ExportConfig:
-    # sglang | vllm | speculators (EAGLE-3); vllm (EAGLE-1, Medusa); medusa (reference layout)
-    formats: list[str] = field(default_factory=lambda: ["sglang", "vllm", "speculators"])
+    # null: every layout the head's kind has (EAGLE-3: sglang, vllm, speculators; EAGLE-1: vllm;
+    # Medusa: vllm, medusa). Or a list of them, to export fewer.
+    formats: list[str] | None = None
     # Refuse to export a head whose eval AL (mean over tasks) is below this; the one default of
     # the job and of `python -m heads.export`. Low, because the minutes-long quick head reaches
     # ~1.18 on a CPU; raise it for production heads.

@@ -15,7 +15,7 @@ from torch import nn
 
 from heads.export.card import DrafterMeta, model_card
 from heads.export.confidence import copy_confidence
-from heads.export.formats import layout_for
+from heads.export.formats import formats_for, layout_for
 from heads.export.layouts import Layout, TargetWeights
 from heads.export.validate import validate_export
 from heads.registry import load_head, read_head_config
@@ -122,13 +122,15 @@ def export_head(
 
 
 def export_job(job, target, head_dir: str | Path) -> list[Path]:
-    """The job's export stage: <run_dir>/export/<format>/ for each of job.export.formats.
+    """The job's export stage: <run_dir>/export/<format>/ for each of job.export.formats (None:
+    every format of the head's kind).
 
     job: train.config.JobConfig; target: heads.target.Target.
     """
     head_dir = Path(head_dir)
     kind = read_head_config(head_dir)["kind"]
-    layouts = [layout_for(kind, name) for name in job.export.formats]  # every name checked before any write
+    names = formats_for(kind) if job.export.formats is None else job.export.formats
+    layouts = [layout_for(kind, name) for name in names]  # every name checked before any write
     report_path = Path(job.run_dir) / "eval" / "report.json"
     overall, per_task, forced = gate(report_path, job.export.min_acceptance_length, job.export.force)
     weights = TargetWeights.from_target(target).cpu()

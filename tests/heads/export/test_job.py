@@ -67,6 +67,13 @@ def test_export_job_writes_each_format_validated(tmp_path, target):
     assert not list((tmp_path / "export").glob("*.tmp"))
 
 
+@pytest.mark.parametrize("kind, formats", [("eagle1", ["vllm"]), ("medusa", ["vllm", "medusa"])])
+def test_by_default_each_head_kind_exports_to_its_own_engines_layouts(tmp_path, target, kind, formats):
+    head_dir, _ = _head_dir(tmp_path, target, kind)
+    _write_report(tmp_path, overall=2.0)
+    assert export_job(_job(tmp_path), target, head_dir) == [tmp_path / "export" / name for name in formats]
+
+
 def test_the_gate_refuses_without_a_report(tmp_path, target):
     head_dir, _ = _head_dir(tmp_path, target)
     with pytest.raises(ValueError, match="no eval report"):

@@ -16,3 +16,12 @@ def test_the_jobs_export_stage_exports_the_trained_head(make_job, tmp_path):
         drafter = json.loads((path / "config.json").read_text())["drafter"]
         assert drafter["gate"]["forced"] is True
         assert drafter["target"]["layer_ids"]["ours_output_of_layer"] == [0, 1, 2]
+
+
+@pytest.mark.integration
+def test_an_eagle1_job_exports_with_the_default_export_settings(make_job, tmp_path):
+    """The README's `head=eagle1` job used to stop at export: the default formats were EAGLE-3's."""
+    job = make_job(
+        "head=eagle1", "stages=[prepare,train,export]", "export.force=true", run_dir=tmp_path / "run"
+    )
+    assert [Path(path).name for path in run(job)["exports"]] == ["vllm"]
