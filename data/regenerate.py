@@ -57,13 +57,6 @@ class RegenerateConfig:
 
 
 @dataclass
-class Reply:
-    text: str
-    tokens: int  # generated tokens, the end-of-turn token excluded
-    cut: bool  # stopped at max_new_tokens, not at an end-of-turn token
-
-
-@dataclass
 class Regenerated:
     messages: list[dict] | None  # None: nothing left to train on
     notes: list[str]  # why turns or the conversation were dropped, for the manifest's counts

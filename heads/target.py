@@ -338,7 +338,10 @@ class CachedTarget:
         """Logits of the last num_logits positions (None = all, 0 = none) and the requested hidden states."""
         bad_ids = [i for i in layer_ids if not 0 <= i < self.num_layers]
         if bad_ids:
-            raise ValueError(f"layer ids {bad_ids} out of range for a {self.num_layers}-layer target")
+            raise ValueError(
+                f"layer ids {bad_ids} out of range for a target with {self.num_layers} layers "
+                f"(valid: 0..{self.num_layers - 1}; id i is the output of decoder layer i)"
+            )
         if cache is None:
             self.check_length(input_ids.shape[1], "a row holds")
         decoder = self.model.model
@@ -466,14 +469,6 @@ class Target(nn.Module):
                     f"{recorded.get(key)!r}; this target has {key}={value!r}"
                 )
 
-    def check_layer_ids(self, layer_ids: Sequence[int]) -> None:
-        bad = [i for i in layer_ids if not 0 <= i < self.num_layers]
-        if bad:
-            raise ValueError(
-                f"layer ids {bad} out of range for a target with {self.num_layers} layers "
-                f"(valid: 0..{self.num_layers - 1}; id i is the output of decoder layer i)"
-            )
-
     @torch.no_grad()
     def forward(
         self,
@@ -482,7 +477,6 @@ class Target(nn.Module):
         layer_ids: Sequence[int] = (),
     ) -> TargetOutput:
         """Hidden states of whole rows (training, the offline cache): the cached forward without a cache."""
-        self.check_layer_ids(layer_ids)
         length = input_ids.shape[1]
         positions = torch.arange(length, device=input_ids.device).unsqueeze(0)
         mask = None  # causal
