@@ -30,7 +30,9 @@ from data.sources import parse_source, read_source, source_fingerprint
 from data.tally import Tally, report_short_selection
 from heads.target import tokenizer_hash
 
-MANIFEST_FORMAT = 1  # bump when the saved layout or the tokenisation method changes
+# Bump when the saved layout or the reading or tokenisation method changes. 2: content parts
+# and byte-order marks are read (they used to skip records), and skipped parts are counted.
+MANIFEST_FORMAT = 2
 BATCH_CONVERSATIONS = 256  # conversations tokenised per call; the fast tokenizer spreads a batch over cores
 
 
@@ -106,6 +108,7 @@ class PreparedData:
             "skipped": "skipped records",
             "dropped": "dropped conversations",
             "dropped_messages": "dropped messages",
+            "skipped_parts": "skipped content parts",
         }
         for key, title in titles.items():
             for reason, count in sorted(counts[key].items(), key=lambda item: -item[1]):

@@ -3,8 +3,10 @@
 Formats: ShareGPT JSON (a top-level array, streamed record by record so that a truncated
 file still yields every complete record), JSONL, and Hugging Face `datasets` (a
 save_to_disk directory, or a hub name when online). A record holds either
-`conversations: [{from, value}]` (ShareGPT) or `messages: [{role, content}]` (OpenAI).
-Roles are kept as written; data/conversations.py normalises them.
+`conversations: [{from, value}]` (ShareGPT) or `messages: [{role, content}]` (OpenAI), where
+an OpenAI `content` may also be a list of parts (`[{"type": "text", "text": ...}, ...]`).
+Roles are kept as written; data/conversations.py normalises them. Files may start with a
+UTF-8 byte-order mark and end lines with CRLF, as Windows tools write them.
 """
 
 import gzip
@@ -96,11 +98,15 @@ def _sha256_file(path: Path) -> str:
 
 
 def open_text(path: Path) -> TextIO:
-    """Open a UTF-8 (optionally gzip) text file, or raise a ValueError naming it."""
+    """Open a UTF-8 (optionally gzip) text file, or raise a ValueError naming it.
+
+    utf-8-sig drops a leading byte-order mark, which would otherwise hide the opening `[` of
+    a JSON array and make the first JSONL line invalid JSON; universal newlines handle CRLF.
+    """
     try:
         if path.suffix == ".gz":
-            return io.TextIOWrapper(gzip.open(path), encoding="utf-8")
-        return open(path, encoding="utf-8")
+            return io.TextIOWrapper(gzip.open(path), encoding="utf-8-sig")
+        return open(path, encoding="utf-8-sig")
     except FileNotFoundError:
         raise ValueError(f"{path}: no such file") from None
     except OSError as error:
@@ -209,13 +215,17 @@ def read_hf_dataset(location: str, split: str, tally: Tally) -> Iterator[RawConv
 
 def _parse_counted(record: Any, source: str, index: int, tally: Tally) -> Iterator[RawConversation]:
     try:
-        yield parse_record(record, source, index)
+        yield parse_record(record, source, index, tally)
     except MalformedRecord as error:
         tally.skip("malformed record", str(error))
 
 
-def parse_record(record: Any, source: str, index: int) -> RawConversation:
-    """Read either schema; a record of neither schema is an error, a bad field a MalformedRecord."""
+def parse_record(record: Any, source: str, index: int, tally: Tally) -> RawConversation:
+    """Read either schema; a record of neither schema is an error, a bad field a MalformedRecord.
+
+    Content parts that are not text are counted in `tally` (tally.skipped_parts) once the
+    record is read; a malformed record is counted as one, not by its parts.
+    """
     where = f"{source} record {index}"
     schema = next((name for name in SCHEMAS if isinstance(record, dict) and name in record), None)
     if schema is None:
@@ -228,17 +238,46 @@ def parse_record(record: Any, source: str, index: int) -> RawConversation:
     messages = record[schema]
     if not isinstance(messages, list):
         raise MalformedRecord(f"{where}: field '{schema}' is {type(messages).__name__}, expected a list")
-    turns = []
+    turns, left_out = [], []
     for position, message in enumerate(messages):
         field_name = f"{schema}[{position}]"
         if not isinstance(message, dict):
             raise MalformedRecord(
                 f"{where}: field '{field_name}' is {type(message).__name__}, expected an object"
             )
-        for key in (role_key, content_key):
-            if not isinstance(message.get(key), str):
-                found = "missing" if key not in message else type(message[key]).__name__
+        content = message.get(content_key)
+        if isinstance(content, list):
+            content = _join_text_parts(content, where, f"{field_name}.{content_key}", left_out)
+        for key, value in ((role_key, message.get(role_key)), (content_key, content)):
+            if not isinstance(value, str):
+                found = "missing" if key not in message else type(value).__name__
                 raise MalformedRecord(f"{where}: field '{field_name}.{key}' is {found}, expected a string")
-        turns.append((message[role_key], message[content_key]))
+        turns.append((message[role_key], content))
+    for reason, part_where in left_out:
+        tally.skip_part(reason, part_where)
     record_id = record.get("id")
     return RawConversation(source, index, str(record_id) if record_id is not None else f"{index}", turns)
+
+
+def _join_text_parts(parts: list, where: str, field_name: str, left_out: list[tuple[str, str]]) -> str:
+    """The text of OpenAI content parts, joined by newlines as vLLM does before templating.
+
+    A text drafter cannot train on other parts (image_url, input_audio, ...): each is
+    appended to `left_out` as (reason, location), so a multimodal record still trains on its text.
+    """
+    texts = []
+    for position, part in enumerate(parts):
+        part_field = f"{field_name}[{position}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str):
+            raise MalformedRecord(
+                f"{where}: field '{part_field}' is not a content part (an object with a 'type')"
+            )
+        if kind != "text":
+            left_out.append((f"{kind!r} (only text parts are trained on)", f"{where}: field '{part_field}'"))
+        elif isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            found = "missing" if "text" not in part else type(part["text"]).__name__
+            raise MalformedRecord(f"{where}: field '{part_field}.text' is {found}, expected a string")
+    return "\n".join(texts)

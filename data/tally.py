@@ -16,6 +16,7 @@ class Tally:
     skipped: Counter = field(default_factory=Counter)  # records the readers could not use, by reason
     dropped: Counter = field(default_factory=Counter)  # whole conversations dropped, by reason
     dropped_messages: Counter = field(default_factory=Counter)  # single messages dropped, by reason
+    skipped_parts: Counter = field(default_factory=Counter)  # message content parts left out, by reason
     duplicates: int = 0
     truncated: int = 0  # conversations cut to max_length (and kept)
     kept: int = 0
@@ -33,6 +34,10 @@ class Tally:
         self.dropped_messages[reason] += 1
         self._remember(reason, where)
 
+    def skip_part(self, reason: str, where: str) -> None:
+        self.skipped_parts[reason] += 1
+        self._remember(reason, where)
+
     def _remember(self, reason: str, where: str) -> None:
         locations = self.examples.setdefault(reason, [])
         if len(locations) < MAX_EXAMPLES:
@@ -44,6 +49,7 @@ class Tally:
             "skipped": dict(self.skipped),
             "dropped": dict(self.dropped),
             "dropped_messages": dict(self.dropped_messages),
+            "skipped_parts": dict(self.skipped_parts),
             "duplicates": self.duplicates,
             "truncated": self.truncated,
             "kept": self.kept,

@@ -156,3 +156,23 @@ def test_val_fraction_zero_means_no_validation_split(chats, tmp_path, smollm2_to
     again = prepare_dataset(cfg, smollm2_tokenizer, tmp_path / "out")
     assert (len(first.train), len(first.validation)) == (20, 0)
     assert again.reused and (len(again.train), len(again.validation)) == (20, 0)
+
+
+def test_summary_reports_skipped_content_parts(tmp_path, smollm2_tokenizer):
+    path = tmp_path / "parts.jsonl"
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    lines = [
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": f"Describe picture {i}."}, image]},
+                {"role": "assistant", "content": [{"type": "text", "text": f"Picture {i} shows a cat."}]},
+            ]
+        }
+        for i in range(3)
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    prepared = prepare_dataset(
+        DataConfig(sources=[str(path)], val_fraction=0), smollm2_tokenizer, tmp_path / "out"
+    )
+    assert prepared.manifest["counts"]["kept"] == 3
+    assert "skipped content parts: 3 'image_url' (only text parts are trained on)" in prepared.summary()

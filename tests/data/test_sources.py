@@ -143,3 +143,75 @@ def test_packaged_sharegpt_recovers_every_complete_conversation():
     count = sum(1 for _ in read_sharegpt_json(packaged_file("sharegpt"), tally))
     assert count == tally.read == 17_671
     assert tally.skipped == {"truncated or invalid JSON tail": 1}
+
+
+@pytest.mark.parametrize("chunk_chars", [64, 1 << 20])
+def test_windows_files_with_a_byte_order_mark_and_crlf_read_like_any_other(
+    tmp_path, monkeypatch, chunk_chars
+):
+    monkeypatch.setattr(sources, "CHUNK_CHARS", chunk_chars)
+    bom = "\ufeff".encode()
+    sharegpt = tmp_path / "sharegpt.json"
+    text = json.dumps([sharegpt_record(i) for i in range(3)], indent=2, ensure_ascii=False)
+    sharegpt.write_bytes(bom + text.replace("\n", "\r\n").encode())
+    tally = Tally()
+    records = list(read_sharegpt_json(sharegpt, tally))
+    assert [r.id for r in records] == ["conv0", "conv1", "conv2"]
+    assert records[2].turns[1] == ("gpt", "answer 2 ✓")
+    assert not tally.skipped
+
+    chats = tmp_path / "chats.jsonl.gz"
+    line = json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
+    with gzip.open(chats, "wb") as f:
+        f.write(bom + f"{line}\r\n{line}\r\n".encode())
+    tally = Tally()
+    assert [r.turns for r in read_jsonl(chats, tally)] == [[("user", "a"), ("assistant", "b")]] * 2
+    assert not tally.skipped
+
+
+def parts_record(*parts: dict) -> dict:
+    return {
+        "messages": [
+            {"role": "user", "content": list(parts)},
+            {"role": "assistant", "content": [{"type": "text", "text": "an answer"}]},
+        ]
+    }
+
+
+def test_content_parts_join_their_text_and_count_the_other_parts(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    text = {"type": "text", "text": "What is in"}
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    records = [
+        parts_record(text, image, {"type": "text", "text": "this picture?"}),
+        parts_record(image),  # nothing left to prompt with: dropped later as an empty message
+        parts_record(image, {"type": "text", "text": None}),  # malformed: its image is not counted
+        parts_record("just a string"),
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tally = Tally()
+    read = list(read_jsonl(path, tally))
+    assert [r.turns for r in read] == [
+        [("user", "What is in\nthis picture?"), ("assistant", "an answer")],
+        [("user", ""), ("assistant", "an answer")],
+    ]
+    reason = "'image_url' (only text parts are trained on)"
+    assert tally.skipped_parts == {reason: 2}
+    assert tally.examples[reason][0] == f"{path} record 1: field 'messages[0].content[1]'"
+    assert tally.skipped == {"malformed record": 2}
+    assert [e.split(": ", 1)[1] for e in tally.examples["malformed record"]] == [
+        "field 'messages[0].content[1].text' is NoneType, expected a string",
+        "field 'messages[0].content[0]' is not a content part (an object with a 'type')",
+    ]
+    assert tally.to_dict()["skipped_parts"] == {reason: 2}
+
+
+def test_hf_dataset_with_content_parts(tmp_path):
+    """Arrow gives every part every key (`text: None` on an image part): the type decides."""
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    rows = [parts_record({"type": "text", "text": f"q{i}"}, image) for i in range(2)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    tally = Tally()
+    records = list(read_hf_dataset(str(tmp_path / "ds"), "train", tally))
+    assert [r.turns[0] for r in records] == [("user", "q0"), ("user", "q1")]
+    assert sum(tally.skipped_parts.values()) == 2 and not tally.skipped
