@@ -25,8 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from torch import nn
 from transformers import (
     AutoModelForCausalLM,
@@ -128,6 +130,35 @@ def embedded_gguf(name: str) -> tuple[Path, str]:
     return path, entry.sha256
 
 
+class _GGUFHeader(GGUFReader):
+    """A GGUFReader that reads the header only and records where the tensor data ends.
+
+    GGUFReader maps every tensor, and on a file cut short fails with numpy's "cannot reshape
+    array of size ..."; the header alone says how long the file must be.
+    """
+
+    def _build_tensors(self, start_offs: int, fields: list) -> None:
+        self.data_end = start_offs
+        for field in fields:
+            _name_len, _name, _n_dims, dims, raw_dtype, offset = field.parts
+            block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+            n_bytes = int(np.prod(dims)) * type_size // block_size
+            self.data_end = max(self.data_end, start_offs + int(offset[0]) + n_bytes)
+
+
+def check_gguf_complete(path: Path) -> None:
+    """Raise a one-line ValueError naming `path` when it is not a whole GGUF file."""
+    found = path.stat().st_size
+    try:
+        expected = _GGUFHeader(path).data_end
+    except (ValueError, IndexError, KeyError, OSError) as error:
+        raise ValueError(f"{path}: not a readable GGUF file ({found} bytes; {error})") from None
+    if found < expected:
+        raise ValueError(
+            f"{path}: truncated: expected {expected} bytes, found {found} (copy or download it again)"
+        )
+
+
 def _convert_gguf(gguf: Path, gguf_sha256: str, out_dir: Path) -> None:
     """De-quantise a GGUF file once into a safetensors model directory (write, then rename)."""
     log.info("converting %s to safetensors in %s (once, ~30 s)", gguf, out_dir)
@@ -187,6 +218,7 @@ def resolve_model_dir(cfg: TargetConfig) -> str:
         return cfg.name
     if _cache_is_valid(out_dir, expected):
         return str(out_dir)
+    check_gguf_complete(gguf)
     actual = _sha256(gguf)
     if expected is not None and actual != expected:
         raise ValueError(f"{gguf}: sha256 {actual} does not match the expected {expected}")

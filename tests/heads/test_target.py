@@ -2,8 +2,10 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from gguf import GGUFWriter
 from transformers import AutoModelForCausalLM
 
 from heads.target import (
@@ -11,6 +13,7 @@ from heads.target import (
     Target,
     TargetConfig,
     _sha256,
+    check_gguf_complete,
     embedded_gguf,
     resolve_model_dir,
     tokenizer_hash,
@@ -69,6 +72,31 @@ def test_unknown_embedded_name_lists_the_known_ones():
 def test_missing_gguf_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.gguf"):
         resolve_model_dir(TargetConfig(name=str(tmp_path / "nope.gguf")))
+
+
+def write_tiny_gguf(path: Path) -> None:
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.ones((360, 16), dtype=np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(16, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_truncated_gguf_says_so_with_both_sizes(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path)
+    check_gguf_complete(path)  # whole: no error
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])  # cut inside the embedding
+    expected = rf"{path}: truncated: expected {len(data)} bytes, found {len(data) - 1000} "
+    with pytest.raises(ValueError, match=expected):
+        resolve_model_dir(TargetConfig(name=str(path), cache_dir=str(tmp_path / "cache")))
+    path.write_bytes(data[:20])  # cut inside the header: the size it needs is unknown
+    with pytest.raises(ValueError, match=rf"{path}: not a readable GGUF file \(20 bytes"):
+        check_gguf_complete(path)
 
 
 def test_bad_dtype_names_the_key(tmp_path):
