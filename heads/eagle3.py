@@ -194,6 +194,29 @@ class Eagle3Head(nn.Module):
             with torch.no_grad():
                 self.lm_head.weight.copy_(lm_head_weight[self.draft_token_ids.to(lm_head_weight.device)])
 
+    @torch.no_grad()
+    def start_from_target_layer(self, layer: nn.Module) -> None:
+        """Start the decoder layer as a copy of a target decoder layer (HF's or ours: the same
+        parameter names) and fc as passing the highest feature layer through, so the draft begins
+        as one more target layer over the target's own states instead of noise. The embedding half
+        of q/k/v keeps its random start: the target layer has no counterpart for it."""
+        hidden = self.args.layer.hidden_size
+        mine, theirs = self.midlayer.self_attn, layer.self_attn
+        for name in ("q_proj", "k_proj", "v_proj"):
+            ours, source = getattr(mine, name), getattr(theirs, name)
+            ours.weight[:, hidden:] = source.weight
+            if ours.bias is not None:
+                ours.bias.copy_(source.bias)
+        mine.o_proj.load_state_dict(theirs.o_proj.state_dict())
+        if mine.qk_norm:
+            mine.q_norm.weight.copy_(theirs.q_norm.weight)
+            mine.k_norm.weight.copy_(theirs.k_norm.weight)
+        self.midlayer.mlp.load_state_dict(layer.mlp.state_dict())
+        self.midlayer.hidden_norm.weight.copy_(layer.input_layernorm.weight)
+        self.midlayer.post_attention_layernorm.weight.copy_(layer.post_attention_layernorm.weight)
+        self.fc.weight.zero_()
+        self.fc.weight[:, (NUM_FEATURE_LAYERS - 1) * hidden :] = torch.eye(hidden)
+
     @classmethod
     def from_target(
         cls,

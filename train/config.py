@@ -27,6 +27,9 @@ class HeadConfig:
     # Reduced output vocabulary of EAGLE-3 (most frequent training tokens). Smaller drafts
     # faster and trains faster; too small caps acceptance (coverage is reported). 0 = full.
     draft_vocab_size: int = 16384
+    # How an EAGLE-3 head starts: random, or target_layer (its decoder layer a copy of the target
+    # layer after the highest feature layer, fc passing that feature layer through).
+    init: str = "random"
     # Medusa: number of heads (head i predicts token i+2 ahead) and ResBlocks per head.
     medusa_heads: int = 4
     medusa_layers: int = 1

@@ -266,14 +266,23 @@ def check_confidence_config(head_cfg: HeadConfig) -> None:
 
 def new_head(head_cfg: HeadConfig, target: Target, train_rows) -> nn.Module:
     """A fresh head of head.kind for the target."""
+    if head_cfg.init not in ("random", "target_layer"):
+        raise ValueError(f"head.init={head_cfg.init!r}; choose random or target_layer")
+    if head_cfg.init == "target_layer" and head_cfg.kind != "eagle3":
+        raise ValueError(f"head.init=target_layer is for EAGLE-3 heads; head.kind={head_cfg.kind!r}")
     if head_cfg.kind == "eagle3":
-        return Eagle3Head.from_target(
+        head = Eagle3Head.from_target(
             target.config,
             embed_weight=target.embed_weight,
             draft_vocab=draft_vocab_from_rows(train_rows, target.vocab_size, head_cfg.draft_vocab_size),
             target_layer_ids=head_cfg.layer_ids,
             lm_head_weight=target.lm_head_weight,
         )
+        if head_cfg.init == "target_layer":
+            source = min(head.target_layer_ids[-1] + 1, target.num_layers - 1)
+            head.start_from_target_layer(target.layers[source])
+            log.info("EAGLE-3 decoder layer starts from target layer %d", source)
+        return head
     if head_cfg.kind == "eagle1":
         return Eagle1Head.from_target(
             target.config, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight

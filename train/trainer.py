@@ -6,6 +6,7 @@ objective → backward → clip → step. Metrics stay on the device and are rea
 `log_every` steps, then logged for every step in between.
 """
 
+import json
 import logging
 import math
 import os
@@ -27,6 +28,8 @@ from train.config import JobConfig
 from train.objectives import Features, Objective, build_objective
 
 log = logging.getLogger(__name__)
+
+VAL_METRICS = "val_metrics.jsonl"  # in run_dir: one line per validation
 
 
 def cosine_with_warmup(optimizer: torch.optim.Optimizer, warmup: int, total: int):
@@ -122,6 +125,8 @@ def train(
         restored = load_checkpoint(accelerator, resume_dir, job.head.kind)
         _warn_overrides(restored.config, state.config)
         state.step, state.tokens, state.bad_steps = restored.step, restored.tokens, restored.bad_steps
+    if accelerator.is_main_process:
+        keep_validations_up_to(run_dir / VAL_METRICS, state.step)
 
     cache = None
     if cfg.hidden_states == "offline":
@@ -201,7 +206,10 @@ def train(
             bar.set_postfix(loss=f"{rows_logged[-1]['loss']:.3f}", tok_s=f"{tokens_per_s:.0f}")
             pending, tick, tokens_at_tick = [], time.perf_counter(), state.tokens
         if len(val_rows) and (state.step % cfg.val_every == 0 or state.step == cfg.max_steps):
-            accelerator.log(validate(model, val_features, val_rows, cfg, pad_id), step=state.step)
+            val = validate(model, val_features, val_rows, cfg, pad_id)
+            accelerator.log(val, step=state.step)
+            if accelerator.is_main_process:
+                record_validation(run_dir / VAL_METRICS, state, val)
         if state.step % cfg.checkpoint_every == 0 or state.step == cfg.max_steps:
             save_checkpoint(accelerator, run_dir / "checkpoints", state)
     bar.close()
@@ -219,6 +227,25 @@ def train(
         target.save_identity(head_dir)
     accelerator.wait_for_everyone()
     return head_dir
+
+
+def keep_validations_up_to(path: Path, step: int) -> None:
+    """Drop the lines of validations after `step` (the checkpoint a run resumes from redoes them),
+    so a killed and resumed run's file holds each validation once."""
+    if path.is_file():
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join(line for line in lines if json.loads(line)["step"] <= step))
+
+
+def record_validation(path: Path, state: TrainerState, val: dict[str, float]) -> None:
+    """Log held-out metrics and append them to `path` (one JSON line per validation), so
+    learning curves can be read without wandb."""
+    log.info(
+        "step %d (%d tokens): %s", state.step, state.tokens, " ".join(f"{k}={v:.4f}" for k, v in val.items())
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps({"step": state.step, "tokens": state.tokens} | val) + "\n")
 
 
 def weight_spread(accelerator: Accelerator, params: list[torch.Tensor]) -> float:

@@ -292,3 +292,25 @@ def test_overfits_a_fixed_batch():
         accuracies.append(result.step_accuracy[0])
     assert losses[-1] < 0.5 * losses[0], (losses[0], losses[-1])
     assert accuracies[-1] > accuracies[0] + 0.2, (accuracies[0], accuracies[-1])
+
+
+def test_starting_from_a_target_layer_makes_step_0_that_layer():
+    """With the embedding half of q/k/v silenced, a head started from target layer 3 maps the
+    output of layer 2 (the highest feature layer) to exactly the output of layer 3."""
+    model = tiny_target(seed=2)
+    head = _head(model)
+    head.start_from_target_layer(model.model.layers[3])
+    with torch.no_grad():
+        for proj in (
+            head.midlayer.self_attn.q_proj,
+            head.midlayer.self_attn.k_proj,
+            head.midlayer.self_attn.v_proj,
+        ):
+            proj.weight[:, : model.config.hidden_size] = 0
+    input_ids, attention_mask = _batch(seq=10)
+    with torch.no_grad():
+        out = model(input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        features = [out.hidden_states[i + 1] for i in LAYER_IDS]
+        unrolled = head(features, input_ids, attention_mask, num_steps=1)
+    layer_3_output = out.hidden_states[-1]  # the last layer's slot holds the final-normed state
+    torch.testing.assert_close(model.model.norm(unrolled.hidden_states[0]), layer_3_output)

@@ -69,9 +69,13 @@ def test_killed_job_resumes_to_the_same_weights_as_an_uninterrupted_run(make_job
     with pytest.raises(KeyboardInterrupt):
         run(make_job(run_dir=tmp_path / "killed"))
     assert not (tmp_path / "killed" / "head").exists()
+    with (tmp_path / "killed" / "val_metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 5, "tokens": 0}) + "\n")  # a validation past the checkpoint
     monkeypatch.setattr(trainer, "save_checkpoint", real_save)
     run(make_job(run_dir=tmp_path / "killed"))
     resumed = head_weights(tmp_path / "killed")
+    validations = (tmp_path / "killed" / "val_metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in validations] == [3, 6]  # each once
     assert resumed.keys() == straight.keys()
     for name in straight:
         torch.testing.assert_close(resumed[name], straight[name], rtol=0, atol=0, msg=name)
@@ -247,3 +251,20 @@ def test_two_cpu_processes_stay_in_sync_and_count_tokens_over_both_ranks(make_jo
 def test_a_job_without_a_validation_split_trains(make_job, tmp_path):
     run(make_job("data.val_fraction=0", "train.max_steps=2"))
     assert head_weights(tmp_path / "run")
+
+
+def test_validation_metrics_are_written_for_learning_curves(make_job, tmp_path):
+    run(make_job("train.max_steps=6", "train.val_every=3"))
+    lines = [json.loads(line) for line in (tmp_path / "run" / "val_metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [3, 6]
+    assert lines[0]["tokens"] < lines[1]["tokens"]
+    assert all("val/acc_0" in line and "val/loss" in line for line in lines)
+
+
+def test_a_head_started_from_the_target_layer_trains(make_job, tmp_path):
+    run(make_job("head.init=target_layer", "train.max_steps=2"))
+    assert (tmp_path / "run" / "head" / "model.safetensors").is_file()
+    with pytest.raises(ValueError, match="head.init=target_layer is for EAGLE-3"):
+        run(make_job("head=medusa", "head.init=target_layer", run_dir=tmp_path / "medusa"))
+    with pytest.raises(ValueError, match="head.init='zeros'"):
+        run(make_job("head.init=zeros", run_dir=tmp_path / "zeros"))
