@@ -129,74 +129,160 @@ def build_report(records: Sequence[Record], methods: Sequence[str], costs: dict 
 
 
 def markdown(report: dict) -> str:
-    methods = [m for m in report["methods"] if m != "speculative"]
-    header = ["group", "n", "AL", "p10", "p50", "p90", "worst 10%", "ms/tok spec"] + [
-        f"× vs {m}" for m in methods
+    """report.md, readable on its own: what ran on what, the tables, the checks that ran."""
+    sections = [
+        _title(report),
+        _al_table(report),
+        _times(report),
+        _costs(report),
+        [f"Checks: greedy output {greedy_check(report)}."],
+        _compare(report),
+        _calibration(report),
     ]
+    return "\n\n".join("\n".join(lines) for lines in sections if lines) + "\n"
+
+
+def greedy_check(report: dict) -> str:
+    """The lossless check in words: greedy speculative output against plain decoding."""
+    mismatches, turns = report["greedy_mismatches"], report["greedy_checked_turns"]
+    if mismatches is None:
+        return "not checked (sampling: temperature > 0 gives no token-for-token reference)"
+    if not turns:
+        return "not checked (no plain-decoding baseline ran: eval.baselines=false)"
+    return f"checked token for token against plain decoding on {turns} turns: {mismatches} mismatches"
+
+
+def speculation_verdict(report: dict) -> str:
+    """Does speculation pay here? Overall AL against the break-even 1 + α + β measured on this machine."""
+    costs = report["costs"]
+    if not costs:
+        return "speculation not priced (Medusa heads' costs are not measured)"
+    al, threshold = report["overall"]["acceptance_length"], costs["break_even_acceptance_length"]
+    return (
+        f"speculation {'pays' if al > threshold else 'does not pay'} on this machine: AL {al:.2f} against "
+        f"a break-even of {threshold:.2f} (1 + α {costs['alpha']:.2f} drafting + β {costs['beta']:.2f} "
+        "verifying, in target steps)"
+    )
+
+
+def _baselines(report: dict) -> list[str]:
+    return [m for m in report["methods"] if m != "speculative"]
+
+
+def _title(report: dict) -> list[str]:
+    head, s = report["head"], report["settings"]
+    drafting = f"{s['mode']} drafting, {s['policy']} policy, up to {s['draft_length']} drafts per round"
+    return [
+        f"# Speculative decoding eval: {head['kind']} head",
+        "",
+        f"Head `{head['dir']}`; tasks {', '.join(s['tasks'])} ({s['prompts_per_task'] or 'all'} prompts "
+        f"each, up to {s['max_new_tokens']} new tokens per turn); {drafting}; temperature "
+        f"{s['temperature']}. AL = tokens emitted per verification round (bonus token included); "
+        "× = speed-up in time per token against each baseline, timed on the same turns, interleaved.",
+    ]
+
+
+def _al_table(report: dict) -> list[str]:
+    methods = _baselines(report)
+    header = ["group", "n", "AL", "p10", "p50", "p90", "worst 10%", "ms/tok spec"]
+    header += [f"× vs {m}" for m in methods]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for kind in ("task", "category", "prompt_bucket", "response_bucket"):
-        for name, s in report[kind].items():
+    groups = [("**overall**", report["overall"])] + [
+        (f"{kind}: {name}", s)
+        for kind in ("task", "category", "prompt_bucket", "response_bucket")
+        for name, s in report[kind].items()
+    ]
+    for name, s in groups:
+        cells = [
+            name,
+            str(s["requests"]),
+            f"{s['acceptance_length']:.2f}",
+            f"{s['al_p10']:.2f}",
+            f"{s['al_p50']:.2f}",
+            f"{s['al_p90']:.2f}",
+            f"{s['al_worst_decile']:.2f}",
+            f"{s.get('ms_per_token_speculative', float('nan')):.1f}",
+        ] + [f"{s.get(f'speedup_vs_{m}', float('nan')):.2f}" for m in methods]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _times(report: dict) -> list[str]:
+    """Time per token of every method over all turns: what the speed-ups divide."""
+    overall = report["overall"]
+    lines = [
+        f"Time per token over all {overall['requests']} turns ({overall['tokens']} tokens):",
+        "",
+        "| method | ms/token | tokens/s |",
+        "|---|---|---|",
+    ]
+    for method in report["methods"]:
+        ms = overall[f"ms_per_token_{method}"]
+        lines.append(f"| {method} | {ms:.1f} | {1000 / ms if ms else float('nan'):.1f} |")
+    return lines
+
+
+def _costs(report: dict) -> list[str]:
+    costs = report["costs"]
+    if not costs:
+        return []
+    lines = [
+        f"Measured costs: α = {costs['alpha']:.3f} (drafting a round / target step), "
+        f"β = {costs['beta']:.3f} (verification overhead / target step); speculation pays "
+        f"where AL > {costs['break_even_acceptance_length']:.2f} "
+        f"(a round of {costs['verify_tokens'] - 1} drafts). Overall: {speculation_verdict(report)}."
+    ]
+    if costs.get("verify_costs"):
+        curve = ", ".join(f"{cost:.2f}" for cost in costs["verify_costs"])
+        lines.append(f"Verifying 0, 1, 2, ... drafts costs {curve} target steps.")
+    return lines
+
+
+def _compare(report: dict) -> list[str]:
+    methods = _baselines(report)
+    compared = report["compare"]
+    if not compared:
+        return []
+    main = report["settings"]["policy"] + ":" + str(report["settings"]["draft_length"])
+    lines = ["Drafting settings on the same turns (interleaved):", ""]
+    lines += ["| setting | task | AL | ms/tok spec | " + " | ".join(f"× vs {m}" for m in methods) + " |"]
+    lines.append("|" + "---|" * (4 + len(methods)))
+    for setting, summary in {main: report, **compared}.items():
+        for task, t in {**summary["task"], "overall": summary["overall"]}.items():
             cells = [
-                f"{kind}: {name}",
-                str(s["requests"]),
-                f"{s['acceptance_length']:.2f}",
-                f"{s['al_p10']:.2f}",
-                f"{s['al_p50']:.2f}",
-                f"{s['al_p90']:.2f}",
-                f"{s['al_worst_decile']:.2f}",
-                f"{s.get('ms_per_token_speculative', float('nan')):.1f}",
-            ] + [f"{s.get(f'speedup_vs_{m}', float('nan')):.2f}" for m in methods]
+                setting,
+                task,
+                f"{t['acceptance_length']:.2f}",
+                f"{t.get('ms_per_token_speculative', float('nan')):.1f}",
+            ]
+            cells += [f"{t.get(f'speedup_vs_{m}', float('nan')):.2f}" for m in methods]
             lines.append("| " + " | ".join(cells) + " |")
-    costs = report.get("costs") or {}
-    if costs:
-        lines.append("")
+    return lines
+
+
+def _calibration(report: dict) -> list[str]:
+    calibration = report["calibration"]
+    if not calibration:
+        return []
+    lines = [
+        f"Confidence calibration on real decoding ({calibration['rounds']} rounds; survival a_j = Π c_i "
+        "against the realised accept-prefix), before → after temperature scaling:",
+        "",
+        "| position | rounds | accept rate | ECE | ECE if calibrated | AUROC | Brier |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in calibration["positions"]:
+        b, a = p["before"], p["after"]
         lines.append(
-            f"Measured costs: α = {costs['alpha']:.3f} (drafting a round / target step), "
-            f"β = {costs['beta']:.3f} (verification overhead / target step); speculation pays "
-            f"where AL > {costs['break_even_acceptance_length']:.2f} "
-            f"(a round of {costs['verify_tokens'] - 1} drafts)."
+            f"| {p['position']} | {p['rounds']} | {p['accept_rate']:.2f} | {_num(b['ece'])} → {_num(a['ece'])} "
+            f"| {_num(a.get('ece_if_calibrated'))} "
+            f"| {_num(b['auroc'])} → {_num(a['auroc'])} | {_num(b['brier'])} → {_num(a['brier'])} |"
         )
-        if costs.get("verify_costs"):
-            curve = ", ".join(f"{cost:.2f}" for cost in costs["verify_costs"])
-            lines.append(f"Verifying 0, 1, 2, ... drafts costs {curve} target steps.")
-    compared = report.get("compare") or {}
-    if compared:
-        main = report["settings"]["policy"] + ":" + str(report["settings"]["draft_length"])
-        lines += ["", "Drafting settings on the same turns (interleaved):", ""]
-        lines += ["| setting | task | AL | ms/tok spec | " + " | ".join(f"× vs {m}" for m in methods) + " |"]
-        lines.append("|" + "---|" * (4 + len(methods)))
-        for setting, summary in {main: report, **compared}.items():
-            for task, t in {**summary["task"], "overall": summary["overall"]}.items():
-                cells = [
-                    setting,
-                    task,
-                    f"{t['acceptance_length']:.2f}",
-                    f"{t.get('ms_per_token_speculative', float('nan')):.1f}",
-                ]
-                cells += [f"{t.get(f'speedup_vs_{m}', float('nan')):.2f}" for m in methods]
-                lines.append("| " + " | ".join(cells) + " |")
-    calibration = report.get("calibration")
-    if calibration:
-        lines += [
-            "",
-            f"Confidence calibration on real decoding ({calibration['rounds']} rounds; survival a_j = Π c_i "
-            "against the realised accept-prefix), before → after temperature scaling:",
-            "",
-            "| position | rounds | accept rate | ECE | ECE if calibrated | AUROC | Brier |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for p in calibration["positions"]:
-            b, a = p["before"], p["after"]
-            lines.append(
-                f"| {p['position']} | {p['rounds']} | {p['accept_rate']:.2f} | {_num(b['ece'])} → {_num(a['ece'])} "
-                f"| {_num(a.get('ece_if_calibrated'))} "
-                f"| {_num(b['auroc'])} → {_num(a['auroc'])} | {_num(b['brier'])} → {_num(a['brier'])} |"
-            )
-        lines.append(
-            "(ECE if calibrated: what a perfectly calibrated head would score on these rounds, after "
-            "calibration; an ECE near it is as good as this many rounds can show.)"
-        )
-    return "\n".join(lines) + "\n"
+    lines.append(
+        "(ECE if calibrated: what a perfectly calibrated head would score on these rounds, after "
+        "calibration; an ECE near it is as good as this many rounds can show.)"
+    )
+    return lines
 
 
 def _num(value) -> str:

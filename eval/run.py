@@ -4,7 +4,9 @@ measured in one run (warm-up first, methods interleaved per request).
 
     python eval/run.py --head outputs/eagle3/head --out outputs/eagle3/eval [--tasks mt_bench ...]
 
-The job's eval stage (`train/run.py`) calls `evaluate` with the same settings.
+The job's eval stage (`train/run.py`) calls `evaluate` with the same settings; both end with
+the closing summary (eval/summary.py). The head directory is only read: temperatures fitted on
+real decoding go to `<out>/calibrated_head`.
 Multi-turn prompts (MT-bench) replay earlier turns with the target's own answers.
 """
 
@@ -12,6 +14,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -33,6 +36,7 @@ from eval.policies import (
     expected_gain_from_costs,
 )
 from eval.report import Record, build_report, write_report
+from eval.summary import closing_summary, next_command
 from eval.tree import causal_mask
 from eval.verify import SamplingParams
 from heads.confidence import load_confidence
@@ -41,6 +45,7 @@ from heads.target import Target, TargetConfig
 
 log = logging.getLogger(__name__)
 
+CALIBRATED_HEAD = "calibrated_head"  # in the eval's out dir
 PROMPT_LOOKUP_TOKENS = 10  # HF's prompt-lookup n-gram draft length (SPEC.md §7 reference)
 SPECULATIVE, PLAIN, HF_GREEDY, HF_LOOKUP = "speculative", "plain", "hf_greedy", "hf_prompt_lookup"
 
@@ -69,7 +74,8 @@ class EvalConfig:
     compare: list[str] = field(default_factory=list)
     # Confidence heads: prompts per task (disjoint from the evaluated ones) whose real decoding
     # fits the per-position temperatures; the evaluated prompts then report ECE/AUROC/Brier.
-    # 0 = keep the temperatures fitted at training time.
+    # The head with those temperatures goes to <out>/calibrated_head (the trained head directory
+    # is never written); export ships it. 0 = keep the temperatures fitted at training time.
     calibration_prompts_per_task: int = 2
     # Confidence heads: further held-out prompts per task to report the calibration on (more
     # rounds than the evaluated prompts give: on a few hundred rounds even a perfectly calibrated
@@ -175,6 +181,18 @@ def calibrate(
     sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p)
     generator = torch.Generator(device=target.device).manual_seed(cfg.seed + 1)
     return evaluate_calibration(decoder, fit, report_ids, cfg.max_new_tokens, out_dir, sampling, generator)
+
+
+def write_calibrated_head(head_dir: Path, confidence, out_dir: Path) -> Path:
+    """A copy of the trained head whose confidence head carries the temperatures fitted on real
+    decoding. The trained head directory stays as training wrote it, so an eval changes nothing
+    that keys a rerun (the head's hash) and two evals never fight over one file."""
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(head_dir, tmp)
+    confidence.save_pretrained(tmp)
+    tmp.rename(out_dir)
+    return out_dir
 
 
 def encode_turn(target: Target, history: list[dict], turn: str) -> list[int]:
@@ -319,7 +337,8 @@ def evaluate(
     max_len = longest + cfg.max_new_tokens * (1 + max(len(p.turns) for p in prompts)) + 16
     # Calibrate and price drafts as deep as the deepest setting drafts.
     deepest = max(variant.draft_length for variant in variants.values())
-    calibration = None
+    calibration, calibrated_dir = None, out_dir / CALIBRATED_HEAD
+    shutil.rmtree(calibrated_dir, ignore_errors=True)  # a previous eval's, fitted on other settings
     if confidence is not None and kind != "medusa":
         calibration = calibrate(
             target,
@@ -331,7 +350,8 @@ def evaluate(
             max_len,
             out_dir / "calibration",
         )
-        confidence.save_pretrained(head_dir)  # ship the temperatures fitted on real decoding
+        if cfg.calibration_prompts_per_task:
+            write_calibrated_head(head_dir, confidence, calibrated_dir)
     costs = None
     if kind != "medusa":
         static = dataclasses.replace(cfg, policy="static", draft_length=deepest)
@@ -345,7 +365,7 @@ def evaluate(
 
     records: dict[str, list[Record]] = {name: [] for name in decoders}
     baselines = [m for m in runner.methods if m not in decoders]
-    mismatches = 0
+    mismatches, checked = 0, 0
     turns = sum(len(p.turns) for p in prompts)
     with tqdm(total=turns, desc=f"eval ({', '.join(cfg.tasks)})") as bar:
         for prompt in prompts:
@@ -355,6 +375,7 @@ def evaluate(
                 tokens, seconds, metrics = runner.turn(prompt_ids)
                 reference = tokens.get(PLAIN, tokens[SPECULATIVE])
                 for name, decoded in metrics.items():
+                    checked += PLAIN in tokens
                     if cfg.temperature == 0 and tokens[name] != reference:
                         mismatches += 1
                         log.error(
@@ -397,8 +418,14 @@ def evaluate(
     }
     report["calibration"] = calibration
     report["settings"] = dataclasses.asdict(cfg)
-    report["head"] = {"dir": str(head_dir), "kind": kind}
+    report["head"] = {
+        "dir": str(head_dir),
+        "kind": kind,
+        # The head as evaluated (temperatures fitted on real decoding): what export ships.
+        "calibrated_dir": str(calibrated_dir) if calibrated_dir.is_dir() else None,
+    }
     report["greedy_mismatches"] = mismatches if cfg.temperature == 0 else None
+    report["greedy_checked_turns"] = checked if cfg.temperature == 0 else 0  # against plain decoding
     path = write_report(report, records[SPECULATIVE], out_dir)
     if log_fn is not None:
         log_fn(json.loads(path.read_text()))
@@ -436,8 +463,23 @@ def main(argv: list[str] | None = None) -> Path:
     cfg = EvalConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig)})
     target = Target.load(TargetConfig(name=args.target, dtype=args.dtype, device=args.device))
     path = evaluate(target, args.head, cfg, args.out)
-    print((args.out / "report.md").read_text())
+    report = json.loads(path.read_text())
+    export = export_command(report, args.target, path)
+    print(closing_summary(report, path, next_command(report, None, export)), flush=True)
     return path
+
+
+def export_command(report: dict, target_name: str, report_path: Path) -> str:
+    """The export tool's command for the head as evaluated, gated on this report."""
+    from heads.export.formats import formats_for
+
+    head = report["head"]["calibrated_dir"] or report["head"]["dir"]
+    fmt = formats_for(report["head"]["kind"])[0]
+    out = Path(report_path).parent / "export" / fmt
+    return (
+        f"python -m heads.export --head {head} --target {target_name} --format {fmt} "
+        f"--out {out} --report {report_path}"
+    )
 
 
 if __name__ == "__main__":

@@ -118,6 +118,9 @@ class JobConfig:
     stages: list[str] = field(default_factory=lambda: list(STAGES))
     # Everything the job writes (data, checkpoints, reports, exports, wandb) goes here.
     run_dir: str = "outputs/default"
+    # A rerun reuses a finished eval and export whose inputs (the head's files, their settings,
+    # the target, the prompts, the report) are unchanged; false reruns them (after a code change).
+    reuse: bool = True
 
 
 def register_configs() -> None:

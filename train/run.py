@@ -3,10 +3,14 @@
     accelerate launch train/run.py [group=choice ...] [key=value ...]
     python train/run.py --cfg job          # print the resolved config
 
-Every stage reads what the previous one wrote under `run_dir`, so `stages=[eval]` on a
-finished run re-evaluates its head, and a killed job rerun with the same command resumes.
+Every stage reads what the previous one wrote under `run_dir`, so a killed job rerun with the
+same command resumes, and a finished one reuses its eval and export while their inputs are
+unchanged (train/reuse.py; `reuse=false` reruns them). The job ends with a summary
+(eval/summary.py): AL and speed-up per task, the verdict, the paths, the next command.
 """
 
+import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -15,6 +19,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from train import reuse
 from train.config import STAGES, JobConfig, register_configs
 
 log = logging.getLogger("drafter")
@@ -98,20 +103,99 @@ def run(job: JobConfig) -> dict:
     if "train" in job.stages:
         results["head_dir"] = str(train(job, accelerator, target, prepared.train, prepared.validation))
     if accelerator.is_main_process and "eval" in job.stages:
-        from eval.run import evaluate
-
-        report = evaluate(target, run_dir / "head", job.eval, run_dir / "eval", log_fn=log_eval(accelerator))
-        results["eval_report"] = str(report)
+        results["eval_report"] = eval_stage(job, target, log_eval(accelerator))
     if accelerator.is_main_process and "export" in job.stages:
-        from heads.export import export_job
-
-        results["exports"] = [str(p) for p in export_job(job, target, run_dir / "head")]
+        try:
+            results["exports"] = export_stage(job, target)
+        except ValueError as error:  # a refusal of the gate among them: the summary says which
+            print_summary(job, None, f"export: FAILED: {error}")
+            raise
     accelerator.wait_for_everyone()
-    accelerator.end_training()
+    accelerator.end_training()  # W&B prints its run summary here: ours comes after it
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+        print_summary(job, results.get("exports"))
     return results
+
+
+def target_inputs(job: JobConfig, target) -> dict:
+    """What of the target an eval or export depends on: its settings and its weights."""
+    return {**dataclasses.asdict(job.target), "weights": target.weights_fingerprint()}
+
+
+def eval_stage(job: JobConfig, target, log_fn) -> str:
+    """Evaluate run_dir/head into run_dir/eval, or reuse the eval there when its inputs (the head's
+    files, the eval settings, the target, the prompts) are unchanged. -> report.json's path."""
+    from data.eval_sets import load_eval_set
+    from eval.run import evaluate
+
+    run_dir = Path(job.run_dir)
+    head_dir, out_dir = run_dir / "head", run_dir / "eval"
+    head = reuse.files_digest(head_dir)
+    prompts = [dataclasses.asdict(p) for task in job.eval.tasks for p in load_eval_set(task)]
+    inputs = {
+        "head": head,
+        "eval": dataclasses.asdict(job.eval),
+        "target": target_inputs(job, target),
+        "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
+    }
+    reused = reuse.reusable("eval", out_dir, inputs) if job.reuse else None
+    if reused is not None:
+        print(f"eval: reused {out_dir} (head {head[:12]}, settings unchanged)", flush=True)
+        return reused[0]
+    reuse.forget(out_dir)
+    report = str(evaluate(target, head_dir, job.eval, out_dir, log_fn=log_fn))
+    reuse.record(out_dir, inputs, [report])
+    return report
+
+
+def export_stage(job: JobConfig, target) -> list[str]:
+    """Export the head as evaluated (with the temperatures the eval fitted, when it fitted them),
+    or reuse the exports when the head, the report, the settings and the target are unchanged."""
+    from heads.export import export_job
+
+    run_dir = Path(job.run_dir)
+    out_dir, report_path = run_dir / "export", run_dir / "eval" / "report.json"
+    head_dir = run_dir / "head"
+    if report_path.is_file():
+        head_dir = Path(json.loads(report_path.read_text())["head"]["calibrated_dir"] or head_dir)
+    head = reuse.files_digest(head_dir)
+    inputs = {
+        "head": head,
+        "report": reuse.file_digest(report_path) if report_path.is_file() else None,
+        "export": dataclasses.asdict(job.export),
+        "draft_length": job.eval.draft_length,
+        "target": target_inputs(job, target),
+    }
+    reused = reuse.reusable("export", out_dir, inputs) if job.reuse else None
+    if reused is not None:
+        print(
+            f"export: reused {', '.join(reused)} (head {head[:12]}, report and settings unchanged)",
+            flush=True,
+        )
+        return reused
+    reuse.forget(out_dir)
+    exports = [str(p) for p in export_job(job, target, head_dir)]
+    reuse.record(out_dir, inputs, exports)
+    return exports
+
+
+def print_summary(job: JobConfig, exports: list[str] | None, failure: str | None = None) -> None:
+    """The closing summary (eval/summary.py), when run_dir holds an eval report. exports: None
+    when no export stage ran; failure: why the export stage stopped."""
+    from eval.run import export_command
+    from eval.summary import closing_summary, gate_decision, next_command
+
+    report_path = Path(job.run_dir) / "eval" / "report.json"
+    if not report_path.is_file():
+        return
+    report = json.loads(report_path.read_text())
+    gate = failure
+    if exports is not None:
+        gate = gate_decision(report, job.export.min_acceptance_length)
+    step = next_command(report, exports, export_command(report, job.target.name, report_path))
+    print(closing_summary(report, report_path, step, exports, gate), flush=True)
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

@@ -58,6 +58,10 @@ def test_eval_stage_writes_a_report_with_al_speedups_costs_and_plots(make_job, p
         (out / name).is_file() for name in ("al_distribution.png", "acceptance_by_position.png", "report.md")
     )
     assert len((out / "records.jsonl").read_text().splitlines()) == 4
+    assert report["greedy_checked_turns"] == 4
+    markdown = (out / "report.md").read_text()
+    assert markdown.startswith("# Speculative decoding eval: eagle3 head")
+    assert "against plain decoding on 4 turns: 0 mismatches" in markdown
 
 
 def test_tree_mode_and_sampling_run(make_job, prompts_jsonl, tmp_path):
@@ -107,6 +111,10 @@ def test_bench_ranks_settings_on_the_same_interleaved_turns(make_job, prompts_js
 
 
 def test_confidence_head_is_calibrated_on_decoding_and_drives_the_policies(make_job, prompts_jsonl, tmp_path):
+    from train.reuse import files_digest
+
+    run(make_job())
+    trained = files_digest(tmp_path / "run" / "head")
     run(
         make_job(
             *_eval_overrides(
@@ -125,8 +133,14 @@ def test_confidence_head_is_calibrated_on_decoding_and_drives_the_policies(make_
     assert all(Path(p).is_file() for p in calibration["images"])
     assert report["greedy_mismatches"] == 0
     assert "Confidence calibration" in (tmp_path / "run" / "eval" / "report.md").read_text()
-    config = json.loads((tmp_path / "run" / "head" / "confidence_config.json").read_text())
-    assert len(config["args"]["temperatures"]) == 3  # one per draft position, fitted on decoding
+    fitted = json.loads(
+        (tmp_path / "run" / "eval" / "calibrated_head" / "confidence_config.json").read_text()
+    )
+    assert (
+        fitted["args"]["temperatures"] == calibration["temperatures"]
+    )  # one per position, fitted on decoding
+    assert len(fitted["args"]["temperatures"]) == 3
+    assert files_digest(tmp_path / "run" / "head") == trained  # the eval left the trained head as it was
     run(make_job(*_eval_overrides(prompts_jsonl, "eval.policy=expected_gain", "eval.baselines=false")))
     report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
     assert report["greedy_mismatches"] == 0 and report["overall"]["requests"] == 4

@@ -1,0 +1,77 @@
+"""The closing summary: what a run measured and where its files are, in a dozen lines.
+
+Printed last by the job (train/run.py) and by `python eval/run.py`, after every library's own
+output (W&B's run summary included), so the terminal ends with the answer: AL and speed-up per
+task, whether speculation pays on this machine, whether greedy output matched plain decoding,
+what the export gate decided, the paths, and the command to run next.
+"""
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from eval.report import greedy_check, speculation_verdict
+
+LONGER_RECIPE = "accelerate launch train/run.py train=recipe data=sharegpt_regenerated"
+
+
+def speedup_table(report: dict) -> list[str]:
+    """AL, tokens/s and the speed-up against each baseline: a row per task, then overall."""
+    baselines = [m for m in report["methods"] if m != "speculative"]
+    rows = {**report["task"], "overall": report["overall"]}
+    width = max(len(name) for name in ("task", *rows))
+    heads = [f"x vs {m}" for m in baselines]
+    lines = [f"{'task':<{width}}  {'AL':>5}  {'tok/s':>7}" + "".join(f"  {h}" for h in heads)]
+    for name, summary in rows.items():
+        ms = summary["ms_per_token_speculative"]
+        line = f"{name:<{width}}  {summary['acceptance_length']:>5.2f}  {1000 / ms if ms else 0.0:>7.1f}"
+        line += "".join(f"  {summary[f'speedup_vs_{m}']:>{len(h)}.2f}" for m, h in zip(baselines, heads))
+        lines.append(line)
+    return lines
+
+
+def gate_decision(report: dict, min_acceptance_length: float) -> str:
+    """The export gate's decision, for an export stage that finished (it refuses by raising)."""
+    al = report["overall"]["acceptance_length"]
+    if al >= min_acceptance_length:
+        return f"export gate: passed (AL {al:.2f} >= export.min_acceptance_length={min_acceptance_length})"
+    return (
+        f"export gate: FORCED past it (AL {al:.2f} < export.min_acceptance_length={min_acceptance_length}; "
+        "export.force=true is recorded in every export)"
+    )
+
+
+def next_command(report: dict, exports: Sequence[Path] | None, export_command: str) -> str:
+    """What to do next: train further where speculation does not pay, else serve or export."""
+    costs = report["costs"]
+    if costs and report["overall"]["acceptance_length"] <= costs["break_even_acceptance_length"]:
+        return f"a longer run on the target's own replies (tens of minutes on a GPU): {LONGER_RECIPE}"
+    if exports:
+        return f"serve it: {Path(exports[0]) / 'README.md'} holds the engine's command"
+    return f"export it: {export_command}"
+
+
+def closing_summary(
+    report: dict,
+    report_path: Path,
+    next_step: str,
+    exports: Sequence[Path] | None = None,
+    gate: str | None = None,
+) -> str:
+    """The summary text. exports: the validated export directories (None: no export stage ran);
+    gate: the export gate's decision in words."""
+    head = report["head"]
+    plots = list(report["plots"]) + list((report["calibration"] or {}).get("images") or [])
+    lines = ["", "=" * 80, f"Summary: {head['kind']} head, eval of {report['overall']['requests']} turns", ""]
+    lines += speedup_table(report)
+    lines += ["", speculation_verdict(report), f"greedy output {greedy_check(report)}"]
+    if gate is not None:
+        lines.append(gate)
+    lines += ["", f"report   {Path(report_path).with_name('report.md')} (figures: {report_path})"]
+    lines.append(f"plots    {', '.join(str(p) for p in plots) or 'none'}")
+    lines.append(f"head     {head['dir']}")
+    if head["calibrated_dir"]:
+        lines.append(f"         {head['calibrated_dir']} (confidence temperatures fitted on real decoding)")
+    if exports is not None:
+        lines.append(f"exports  {', '.join(str(p) for p in exports) or 'none'}")
+    lines += [f"next     {next_step}", "=" * 80]
+    return "\n".join(lines)

@@ -1,0 +1,53 @@
+"""A small eval report built from made-up records, as eval/run.py assembles it."""
+
+from eval.report import Record, build_report
+
+METHODS = ["speculative", "plain", "hf_greedy"]
+
+
+def record(task: str, emitted: int, rounds: int, spec_seconds: float) -> Record:
+    return Record(
+        task=task,
+        category="chat",
+        id=f"{task}-{emitted}",
+        turn=0,
+        prompt_tokens=40,
+        response_tokens=emitted,
+        proposed_tokens=3 * rounds,
+        accepted_draft_tokens=emitted - rounds,
+        emitted_tokens=emitted,
+        verification_rounds=rounds,
+        accepted_by_position=[emitted - rounds, 0, 0],
+        proposed_by_position=[rounds, rounds, rounds],
+        seconds={"speculative": spec_seconds, "plain": 1.0, "hf_greedy": 2.0},
+    )
+
+
+def fake_report(temperature: float = 0.0, mismatches: int | None = 0, checked: int = 3) -> dict:
+    """mt_bench at AL 2 (twice as fast as plain), gsm8k at AL 1.25 (slower than plain);
+    break-even AL 1.5."""
+    records = [record("mt_bench", 32, 16, 0.5), record("mt_bench", 16, 8, 0.5), record("gsm8k", 20, 16, 2.0)]
+    costs = {
+        "alpha": 0.3,
+        "beta": 0.2,
+        "break_even_acceptance_length": 1.5,
+        "verify_tokens": 4,
+        "verify_costs": [1.0, 1.1, 1.15, 1.2],
+    }
+    report = build_report(records, METHODS, costs)
+    report["compare"] = {}
+    report["calibration"] = None
+    report["settings"] = {
+        "tasks": ["mt_bench", "gsm8k"],
+        "prompts_per_task": 2,
+        "max_new_tokens": 32,
+        "mode": "chain",
+        "policy": "static",
+        "draft_length": 3,
+        "temperature": temperature,
+    }
+    report["head"] = {"dir": "outputs/eagle3/head", "kind": "eagle3", "calibrated_dir": None}
+    report["greedy_mismatches"] = mismatches
+    report["greedy_checked_turns"] = checked
+    report["plots"] = ["outputs/eagle3/eval/al_distribution.png"]
+    return report

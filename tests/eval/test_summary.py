@@ -1,0 +1,59 @@
+"""The closing summary and report.md, on a small made-up report."""
+
+from pathlib import Path
+
+from eval.report import markdown
+from eval.summary import closing_summary, gate_decision, next_command
+from tests.eval.fake_report import fake_report
+
+REPORT = Path("outputs/eagle3/eval/report.json")
+
+
+def _row(text: str, name: str) -> list[str]:
+    return next(line.split() for line in text.splitlines() if line.split()[:1] == [name])
+
+
+def test_summary_gives_al_speedups_verdict_identity_gate_paths_and_next_step():
+    report = fake_report()
+    exports = [Path("outputs/eagle3/export/sglang"), Path("outputs/eagle3/export/vllm")]
+    gate = gate_decision(report, 1.1)
+    text = closing_summary(report, REPORT, next_command(report, exports, "unused"), exports, gate)
+    # mt_bench: 48 tokens in 24 rounds, 1 s against plain's 2 s and HF's 4 s.
+    assert _row(text, "mt_bench") == ["mt_bench", "2.00", "48.0", "2.00", "4.00"]
+    assert _row(text, "gsm8k") == ["gsm8k", "1.25", "10.0", "0.50", "1.00"]
+    assert _row(text, "overall")[1] == f"{68 / 40:.2f}"
+    assert "speculation pays on this machine: AL 1.70 against a break-even of 1.50" in text
+    assert "3 turns: 0 mismatches" in text
+    assert "export gate: passed (AL 1.70 >= export.min_acceptance_length=1.1)" in text
+    assert "outputs/eagle3/eval/report.md" in text and "al_distribution.png" in text
+    assert "outputs/eagle3/head" in text and "outputs/eagle3/export/vllm" in text
+    assert "next     serve it: outputs/eagle3/export/sglang/README.md" in text
+
+
+def test_summary_of_a_slow_head_says_so_and_points_to_a_longer_run():
+    report = fake_report()
+    report["costs"]["break_even_acceptance_length"] = 2.5
+    text = closing_summary(report, REPORT, next_command(report, None, "python -m heads.export ..."))
+    assert "speculation does not pay on this machine: AL 1.70 against a break-even of 2.50" in text
+    assert "next     a longer run" in text and "train=recipe" in text
+    assert "exports" not in text and "export gate" not in text
+    assert gate_decision(report, 2.0).startswith("export gate: FORCED")
+
+
+def test_summary_says_when_greedy_identity_was_not_checked():
+    sampled = closing_summary(fake_report(1.0, None, 0), REPORT, "x")
+    assert "not checked (sampling" in sampled
+    without_plain = closing_summary(fake_report(0.0, 0, 0), REPORT, "x")
+    assert "not checked (no plain-decoding baseline" in without_plain
+
+
+def test_report_md_reads_on_its_own():
+    text = markdown(fake_report(mismatches=1))
+    lines = text.splitlines()
+    assert lines[0] == "# Speculative decoding eval: eagle3 head"
+    assert "tasks mt_bench, gsm8k (2 prompts each, up to 32 new tokens per turn)" in text
+    table = [line for line in lines if line.startswith("| ")]
+    assert table[1].startswith("| **overall** | 3 | 1.70 |")  # first row after the header
+    assert "| hf_greedy | 88.2 | 11.3 |" in text  # 6 s for 68 tokens
+    assert "checked token for token against plain decoding on 3 turns: 1 mismatches" in text
+    assert "Overall: speculation pays on this machine" in text
