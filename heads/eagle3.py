@@ -9,14 +9,15 @@
 
 Feature and token pairing (the EAGLE shift): the feature of position t goes with the token at
 t + 1, at RoPE position t, and the head's output predicts the token at t + 2. The pre-norm
-output is the next step's feature. The training forward (`forward`) takes token-aligned
+output is the next step's feature (the normed one with `norm_output`, one of the speculators
+variants `Eagle3Variant` lists). The training forward (`forward`) takes token-aligned
 tensors and does the shift itself; the decode step (`step`) takes pairs the caller aligned.
 Layer ids follow docs/ARCHITECTURE.md: id i = output of target layer i.
 """
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
@@ -35,6 +36,29 @@ def default_layer_ids(num_layers: int) -> list[int]:
 
 
 @dataclass
+class Eagle3Variant:
+    """Layer variants the peers train, by speculators 0.9's names. All off is SGLang's and
+    SpecForge's layout, which every engine serves; speculators' CLI defaults turn norm_before_fc,
+    norm_before_residual and norm_output on, with a 2048-token sliding window."""
+
+    norm_before_fc: bool = False  # one RMSNorm over the 3h concatenation before fc (`input_norm`)
+    fc_norm: bool = False  # one RMSNorm per feature layer before fc (`fc_norm.{i}`)
+    norm_before_residual: bool = False  # the layer's residual is hidden_norm(feature), not the feature
+    norm_output: bool = False  # the next step's feature is norm(hidden), not the pre-norm hidden
+    sliding_window: int | None = None  # the layer attends to the last `sliding_window` context rows
+
+    def check(self, where: str) -> None:
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError(f"{where}: norm_before_fc and fc_norm are mutually exclusive (speculators' rule)")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"{where}: sliding_window={self.sliding_window}; expected at least 1 or null")
+
+    def active(self) -> dict:
+        """The switches that are on (empty for the plain layout)."""
+        return {key: value for key, value in asdict(self).items() if value not in (False, None)}
+
+
+@dataclass
 class Eagle3Args:
     """What the head is made of; saved as JSON beside the weights."""
 
@@ -43,6 +67,7 @@ class Eagle3Args:
     draft_vocab_size: int
     target_layer_ids: list[int]  # output-of-layer ids (docs/ARCHITECTURE.md)
     target_num_layers: int
+    variant: Eagle3Variant = field(default_factory=Eagle3Variant)
 
     def check_fits(self, target_config) -> None:
         """Raise a ValueError naming the first head field that does not fit the target config."""
@@ -74,7 +99,7 @@ def _check_field(name: str, head_value, target_name: str, target_value) -> None:
 class UnrolledSteps:
     """The training-time-test unroll: one [B, T, h] per step; row t of step k predicts token t + k + 2."""
 
-    hidden_states: list[torch.Tensor]  # pre-norm; each is the next step's feature
+    hidden_states: list[torch.Tensor]  # each is the next step's feature (pre-norm unless norm_output)
     normed_states: list[torch.Tensor]  # after `norm`: what lm_head reads
 
 
@@ -105,7 +130,7 @@ def unrolled_attention(
 
 
 class Eagle3MidLayer(nn.Module):
-    def __init__(self, geometry: LayerGeometry):
+    def __init__(self, geometry: LayerGeometry, norm_before_residual: bool = False):
         super().__init__()
         hidden, eps = geometry.hidden_size, geometry.rms_norm_eps
         self.input_layernorm = RMSNorm(hidden, eps)
@@ -113,12 +138,18 @@ class Eagle3MidLayer(nn.Module):
         self.self_attn = Attention(geometry, input_size=2 * hidden)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = SwiGLU(geometry)
+        self.norm_before_residual = norm_before_residual
 
-    def _attention_input(self, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(features)], dim=-1)  # [B, S, 2h]
+    def _attention_input(
+        self, embeds: torch.Tensor, features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[input_layernorm(embeds); hidden_norm(features)] [B, S, 2h], and the residual [B, S, h]."""
+        normed = self.hidden_norm(features)
+        residual = normed if self.norm_before_residual else features
+        return torch.cat([self.input_layernorm(embeds), normed], dim=-1), residual
 
-    def _finish(self, features: torch.Tensor, attention_out: torch.Tensor) -> torch.Tensor:
-        hidden = features + attention_out
+    def _finish(self, residual: torch.Tensor, attention_out: torch.Tensor) -> torch.Tensor:
+        hidden = residual + attention_out
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
     def forward(
@@ -131,9 +162,9 @@ class Eagle3MidLayer(nn.Module):
         cache_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """embeds, features [B, S, h] -> pre-norm hidden [B, S, h]; the rest as in `Attention.forward`."""
-        attention_input = self._attention_input(embeds, features)
+        attention_input, residual = self._attention_input(embeds, features)
         return self._finish(
-            features, self.self_attn(attention_input, positions, mask, cache, cache_positions)
+            residual, self.self_attn(attention_input, positions, mask, cache, cache_positions)
         )
 
     def forward_unrolled(
@@ -146,11 +177,12 @@ class Eagle3MidLayer(nn.Module):
         values: list[torch.Tensor],
     ) -> torch.Tensor:
         """One TTT step over all rows; appends this step's keys/values to `keys`/`values`."""
-        query, key, value = self.self_attn.project(self._attention_input(embeds, features), positions)
+        attention_input, residual = self._attention_input(embeds, features)
+        query, key, value = self.self_attn.project(attention_input, positions)
         keys.append(key)
         values.append(value)
         attended = unrolled_attention(query, keys, values, step0_mask)
-        return self._finish(features, self.self_attn.output(attended))
+        return self._finish(residual, self.self_attn.output(attended))
 
 
 class Eagle3Head(nn.Module):
@@ -183,8 +215,14 @@ class Eagle3Head(nn.Module):
             )
         embed_weight = check_target_weight(embed_weight, (args.vocab_size, hidden), "embed_weight")
         self.embed_tokens = nn.Embedding.from_pretrained(embed_weight, freeze=True)  # the target's storage
+        args.variant.check("EAGLE-3 head config")
+        eps = args.layer.rms_norm_eps
+        self.input_norm = RMSNorm(NUM_FEATURE_LAYERS * hidden, eps) if args.variant.norm_before_fc else None
+        self.fc_norm = (
+            nn.ModuleList(RMSNorm(hidden, eps) for _ in range(NUM_FEATURE_LAYERS)) if args.variant.fc_norm else None
+        )
         self.fc = nn.Linear(NUM_FEATURE_LAYERS * hidden, hidden, bias=False)
-        self.midlayer = Eagle3MidLayer(args.layer)
+        self.midlayer = Eagle3MidLayer(args.layer, args.variant.norm_before_residual)
         self.norm = RMSNorm(hidden, args.layer.rms_norm_eps)
         self.lm_head = nn.Linear(hidden, args.draft_vocab_size, bias=False)
         self.register_buffer("d2t", draft_vocab.d2t.to(torch.int64).clone())
@@ -226,6 +264,7 @@ class Eagle3Head(nn.Module):
         draft_vocab: DraftVocab,
         target_layer_ids: Sequence[int] | None = None,
         lm_head_weight: torch.Tensor | None = None,
+        variant: Eagle3Variant | None = None,
     ) -> "Eagle3Head":
         """A fresh head for a target; target_layer_ids None -> `default_layer_ids`."""
         num_layers = target_config.num_hidden_layers
@@ -237,6 +276,7 @@ class Eagle3Head(nn.Module):
                 default_layer_ids(num_layers) if target_layer_ids is None else target_layer_ids
             ),
             target_num_layers=num_layers,
+            variant=replace(variant) if variant is not None else Eagle3Variant(),
         )
         args.check_fits(target_config)
         return cls(args, embed_weight, draft_vocab, lm_head_weight)
@@ -285,7 +325,13 @@ class Eagle3Head(nn.Module):
             raise ValueError(
                 f"EAGLE-3 needs {NUM_FEATURE_LAYERS} target hidden states, got {len(hidden_states)}"
             )
-        return self.fc(torch.cat(list(hidden_states), dim=-1).to(self.fc.weight.dtype))
+        dtype = self.fc.weight.dtype
+        if self.fc_norm is not None:
+            hidden_states = [norm(h.to(dtype)) for norm, h in zip(self.fc_norm, hidden_states, strict=True)]
+        concatenated = torch.cat(list(hidden_states), dim=-1).to(dtype)  # [B, S, 3h]
+        if self.input_norm is not None:
+            concatenated = self.input_norm(concatenated)
+        return self.fc(concatenated)
 
     def new_cache(self, batch_size: int, max_len: int, device, dtype: torch.dtype) -> list[KVCache]:
         layer = self.args.layer
@@ -309,12 +355,23 @@ class Eagle3Head(nn.Module):
         features [B, S, h] (projected, or a previous step's hidden); input_ids [B, S] = the token
         after each feature's position; positions [B, S] = the feature's position; K/V written at
         cache_positions [S]; attn_mask bool [B or 1, 1, S, max_len] (True = attend; [.., S, S]
-        without a cache). Returns pre-norm hidden [B, S, h] and draft_logits [B, S, draft_V].
+        without a cache). Returns the next step's feature [B, S, h] (the pre-norm hidden unless
+        norm_output) and draft_logits [B, S, draft_V].
         """
         layer_cache = cache[0] if cache is not None else None
         embeds = self.embed_tokens(input_ids)
+        if self.args.variant.sliding_window is not None:
+            attn_mask = attn_mask & self._window(positions, attn_mask.shape[-1])
         hidden = self.midlayer(embeds, features, positions, attn_mask, layer_cache, cache_positions)
-        return hidden, self.lm_head(self.norm(hidden))
+        normed = self.norm(hidden)
+        return (normed if self.args.variant.norm_output else hidden), self.lm_head(normed)
+
+    def _window(self, positions: torch.Tensor, num_keys: int) -> torch.Tensor:
+        """bool [B, 1, S, num_keys]: key slot j is within the window of the query at position t
+        iff j > t - sliding_window. Drafted tokens sit at slots past the context, so they stay
+        visible, as speculators' diagonal draft keys do."""
+        slots = torch.arange(num_keys, device=positions.device)
+        return slots[None, None, None, :] > positions[:, None, :, None] - self.args.variant.sliding_window
 
     # Training.
 
@@ -338,6 +395,8 @@ class Eagle3Head(nn.Module):
         hidden = self.project_features(features, None)
         positions = torch.arange(seq, device=input_ids.device).expand(batch, seq)
         step0_mask = causal_mask(attention_mask)
+        if self.args.variant.sliding_window is not None:
+            step0_mask = step0_mask & self._window(torch.arange(seq, device=input_ids.device)[None], seq)
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         unrolled = UnrolledSteps(hidden_states=[], normed_states=[])
@@ -346,8 +405,11 @@ class Eagle3Head(nn.Module):
             hidden = self.midlayer.forward_unrolled(
                 self.embed_tokens(tokens), hidden, positions + step, step0_mask, keys, values
             )
+            normed = self.norm(hidden)
+            if self.args.variant.norm_output:
+                hidden = normed  # speculators feeds the normed state to the next step
             unrolled.hidden_states.append(hidden)
-            unrolled.normed_states.append(self.norm(hidden))
+            unrolled.normed_states.append(normed)
         return unrolled
 
 

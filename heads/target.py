@@ -414,6 +414,7 @@ class Target(nn.Module):
         self.config: PretrainedConfig = model.config
         self.layers = model.model.layers
         self.cached = CachedTarget(model)
+        self.model_dir: str | None = None  # the directory `load` read (None for a model built in memory)
 
     @classmethod
     def load(cls, cfg: TargetConfig) -> "Target":
@@ -423,6 +424,7 @@ class Target(nn.Module):
         model_dir = resolve_model_dir(cfg)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[cfg.dtype])
         target = cls(model.to(resolve_device(cfg.device)), load_tokenizer(cfg, model_dir))
+        target.model_dir = model_dir
         log.info("target %s loaded in %.1f s", cfg.name, time.perf_counter() - start)
         return target
 

@@ -12,6 +12,7 @@ from omegaconf import MISSING
 
 from data.prepare import DataConfig
 from eval.run import EvalConfig
+from heads.eagle3 import Eagle3Variant
 from heads.target import TargetConfig
 
 STAGES = ("prepare", "train", "eval", "export")
@@ -30,6 +31,10 @@ class HeadConfig:
     # How an EAGLE-3 head starts: random, or target_layer (its decoder layer a copy of the target
     # layer after the highest feature layer, fc passing that feature layer through).
     init: str = "random"
+    # EAGLE-3 layer variants (heads/eagle3.py Eagle3Variant, speculators' names), e.g.
+    # head.variant.norm_before_residual=true. All off (default) is the layout SGLang, vLLM and
+    # speculators all serve; a variant exports only to the layouts that carry it.
+    variant: Eagle3Variant = field(default_factory=Eagle3Variant)
     # Medusa: number of heads (head i predicts token i+2 ahead) and ResBlocks per head.
     medusa_heads: int = 4
     medusa_layers: int = 1
@@ -103,6 +108,9 @@ class ExportConfig:
     min_acceptance_length: float = 1.1
     # Export even below the gate; recorded in the exported config.
     force: bool = False
+    # Name the target's local directory (not its hub name) as the speculators layout's verifier,
+    # so speculators' from_pretrained works offline; the export then only works on this machine.
+    local_verifier: bool = False
 
 
 @dataclass

@@ -270,6 +270,8 @@ def new_head(head_cfg: HeadConfig, target: Target, train_rows) -> nn.Module:
         raise ValueError(f"head.init={head_cfg.init!r}; choose random or target_layer")
     if head_cfg.init == "target_layer" and head_cfg.kind != "eagle3":
         raise ValueError(f"head.init=target_layer is for EAGLE-3 heads; head.kind={head_cfg.kind!r}")
+    if head_cfg.variant.active() and head_cfg.kind != "eagle3":
+        raise ValueError(f"head.variant {head_cfg.variant.active()} is for EAGLE-3 heads; head.kind={head_cfg.kind!r}")
     if head_cfg.kind == "eagle3":
         head = Eagle3Head.from_target(
             target.config,
@@ -277,6 +279,7 @@ def new_head(head_cfg: HeadConfig, target: Target, train_rows) -> nn.Module:
             draft_vocab=draft_vocab_from_rows(train_rows, target.vocab_size, head_cfg.draft_vocab_size),
             target_layer_ids=head_cfg.layer_ids,
             lm_head_weight=target.lm_head_weight,
+            variant=head_cfg.variant,
         )
         if head_cfg.init == "target_layer":
             source = min(head.target_layer_ids[-1] + 1, target.num_layers - 1)

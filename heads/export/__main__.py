@@ -42,6 +42,11 @@ def _export_parser() -> argparse.ArgumentParser:
         "--draft-length", type=int, default=EvalConfig.draft_length, help="K used at eval, recorded"
     )
     parser.add_argument("--force", action="store_true", help="export even when the gate refuses (recorded)")
+    parser.add_argument(
+        "--local-verifier",
+        action="store_true",
+        help="name the target's local directory as the verifier (speculators layout, offline use)",
+    )
     return parser
 
 
@@ -71,7 +76,9 @@ def export_main(argv: list[str]) -> Path:
         lm_head_weight=weights.lm_head_weight,
         target_config=target.config,
     )
-    meta = drafter_meta(args.target, target, args.draft_length, args.min_acceptance_length, verdict)
+    meta = drafter_meta(
+        args.target, target, args.draft_length, args.min_acceptance_length, verdict, args.local_verifier
+    )
     return export_head(head, layout, args.out, meta, weights, args.head)
 
 

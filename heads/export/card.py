@@ -26,11 +26,25 @@ class DrafterMeta:
     min_acceptance_length: float | None = None  # the gate
     forced: bool = False  # exported although the gate refused (export.force=true)
     confidence: dict[str, Any] | None = None  # set by heads/export/confidence.py
+    target_path: str | None = None  # the directory this machine loaded the target from
+    local_verifier: bool = (
+        False  # name target_path, not the hub name, as the verifier (export.local_verifier)
+    )
 
     @property
     def serving_target(self) -> str:
         """The name a serving engine loads the target by."""
         return ENGINE_TARGET_NAMES.get(self.target_name, self.target_name)
+
+    @property
+    def verifier(self) -> str:
+        """The target as a config that loads it names it: the local directory when asked (offline
+        use, e.g. speculators' from_pretrained without a hub), else the serving name."""
+        if self.local_verifier:
+            if self.target_path is None:
+                raise ValueError("export.local_verifier=true, but the target was not loaded from a directory")
+            return self.target_path
+        return self.serving_target
 
 
 def draft_vocab_size(head: nn.Module) -> int:
@@ -45,6 +59,7 @@ def drafter_section(
     target = {
         "name": meta.target_name,
         "serving_name": meta.serving_target,
+        "local_path": meta.target_path,
         "architectures": meta.target_architectures,
         "tokenizer_sha256": meta.tokenizer_hash,
     }

@@ -7,7 +7,7 @@ layer's prefix (`midlayer.` or `layers.0.`), in whether the map and a copy of th
 embedding are stored, and in how the config names things (their modules say).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -15,9 +15,9 @@ from torch import nn
 
 from heads.blocks import LayerGeometry
 from heads.draft_vocab import DraftVocab
-from heads.eagle3 import Eagle3Args, Eagle3Head, default_layer_ids
+from heads.eagle3 import Eagle3Args, Eagle3Head, Eagle3Variant, default_layer_ids
 from heads.export.layer_ids import from_engine_layer_ids
-from heads.export.layouts import TargetWeights, TensorSpec, check_matches_target, require_value
+from heads.export.layouts import CannotExpress, TargetWeights, TensorSpec, check_matches_target, require_value
 from heads.registry import load_trained_state, trained_state
 
 OUR_LAYER_PREFIX = "midlayer."
@@ -32,6 +32,7 @@ class Eagle3Fields:
     draft_vocab_size: int
     target_hidden_size: int
     aux_layer_ids: list[int] | None  # in the engine's convention; None = the engine default
+    variant: dict[str, Any] = field(default_factory=dict)  # Eagle3Args variant switches that are set
 
 
 def eagle3_specs(
@@ -58,6 +59,10 @@ def eagle3_specs(
         "norm.weight": TensorSpec((hidden,)),
         "lm_head.weight": TensorSpec((fields.draft_vocab_size, hidden)),
     }
+    if fields.variant.get("norm_before_fc"):
+        specs["input_norm.weight"] = TensorSpec((3 * fields.target_hidden_size,))
+    if fields.variant.get("fc_norm"):
+        specs |= {f"fc_norm.{i}.weight": TensorSpec((fields.target_hidden_size,)) for i in range(3)}
     if vocab_map:
         specs["d2t"] = TensorSpec((fields.draft_vocab_size,), torch.int64, optional="d2t" in map_optional)
         specs["t2d"] = TensorSpec((fields.vocab_size,), torch.bool, optional="t2d" in map_optional)
@@ -136,7 +141,9 @@ def eagle3_load(
         draft_vocab_size=fields.draft_vocab_size,
         target_layer_ids=layer_ids,
         target_num_layers=num_layers,
+        variant=Eagle3Variant(**fields.variant),
     )
+    args.variant.check(where)
     args.check_fits(target.config)
     if "embed_tokens.weight" in tensors:
         check_matches_target(
@@ -154,14 +161,51 @@ def eagle3_load(
     return head.eval()
 
 
-# Config switches the engines know and our head does not have: off or absent, or we refuse.
-UNSUPPORTED_SWITCHES = ("norm_before_fc", "fc_norm", "use_aux_norm", "norm_output", "bias")
+# The boolean variant switches of Eagle3Args, as the configs name them (speculators 0.9's names).
+VARIANT_FLAGS = ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output")
+# Switches of other engines that our head does not have: off or absent, or we refuse.
+UNSUPPORTED_SWITCHES = ("use_aux_norm", "bias")
 
 
-def check_eagle3_switches(config: dict, where: str) -> None:
+def check_expressible(head: Eagle3Head, layout_name: str, supported: tuple[str, ...]) -> None:
+    unsupported = {key: value for key, value in head.args.variant.active().items() if key not in supported}
+    if unsupported:
+        raise CannotExpress(
+            f"the {layout_name} layout cannot express head option(s) {unsupported}: its engine has no such "
+            "setting, so it would run a different drafter; export the speculators layout, which carries them"
+        )
+
+
+def check_eagle3_switches(config: dict, where: str, supported: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The variant flags `config` sets, among `supported` (absent = off); any other must be off."""
+    variant = {}
+    for key in VARIANT_FLAGS:
+        if key not in supported:
+            require_value(config, key, (False, None), where)
+        elif config.get(key) is not None:
+            require_value(config, key, (True, False), where)
+            variant[key] = config[key]
     for key in UNSUPPORTED_SWITCHES:
         require_value(config, key, (False, None), where)
     require_value(config, "num_aux_hidden_states", (3, None), where)
+    return variant
+
+
+def sliding_window(layer_config: dict, where: str, supported: bool) -> dict[str, Any]:
+    """{"sliding_window": w} when the draft layer's `layer_types` make it a sliding-window layer
+    (as speculators' CLI writes it), else {}; a layout whose engine we did not check refuses it."""
+    layer_types = layer_config.get("layer_types") or []
+    if not layer_types or layer_types[0] != "sliding_attention":
+        return {}
+    if not supported:
+        raise ValueError(
+            f"{where}: config key 'layer_types' = {layer_types!r} makes the draft layer a sliding-window layer, "
+            "which this layout does not carry; read it with the speculators layout"
+        )
+    window = layer_config.get("sliding_window")
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"{where}: config key 'sliding_window' = {window!r} must be a positive integer")
+    return {"sliding_window": window}
 
 
 def aux_layer_ids(ids, key: str, where: str) -> list[int] | None:

@@ -16,7 +16,7 @@ from torch import nn
 from heads.export.card import DrafterMeta, model_card
 from heads.export.confidence import copy_confidence
 from heads.export.formats import formats_for, layout_for
-from heads.export.layouts import Layout, TargetWeights
+from heads.export.layouts import CannotExpress, Layout, TargetWeights
 from heads.export.validate import validate_export
 from heads.registry import load_head, read_head_config
 
@@ -70,6 +70,7 @@ def drafter_meta(
     draft_length: int,
     min_acceptance_length: float,
     gate_result: tuple[float | None, dict[str, float], bool],
+    local_verifier: bool = False,
 ) -> DrafterMeta:
     """What the export records, from heads.target.Target and the gate's verdict."""
     overall, per_task, forced = gate_result
@@ -82,6 +83,8 @@ def drafter_meta(
         task_acceptance_length=per_task,
         min_acceptance_length=min_acceptance_length,
         forced=forced,
+        target_path=target.model_dir,
+        local_verifier=local_verifier,
     )
 
 
@@ -123,7 +126,8 @@ def export_head(
 
 def export_job(job, target, head_dir: str | Path) -> list[Path]:
     """The job's export stage: <run_dir>/export/<format>/ for each of job.export.formats (None:
-    every format of the head's kind).
+    every format of the head's kind that can express the head: one that cannot is skipped with
+    a warning naming the option, while a format asked for by name is refused).
 
     job: train.config.JobConfig; target: heads.target.Target.
     """
@@ -146,8 +150,16 @@ def export_job(job, target, head_dir: str | Path) -> list[Path]:
         job.eval.draft_length,
         job.export.min_acceptance_length,
         (overall, per_task, forced),
+        job.export.local_verifier,
     )
-    return [
-        export_head(head, layout, Path(job.run_dir) / "export" / layout.name, meta, weights, head_dir)
-        for layout in layouts
-    ]
+    exported = []
+    for layout in layouts:
+        try:
+            exported.append(
+                export_head(head, layout, Path(job.run_dir) / "export" / layout.name, meta, weights, head_dir)
+            )
+        except CannotExpress as error:
+            if job.export.formats is not None:  # asked for by name: refuse
+                raise
+            log.warning("export: no %s layout: %s", layout.name, error)
+    return exported

@@ -55,6 +55,10 @@ class TargetWeights:
         )
 
 
+class CannotExpress(ValueError):
+    """The head uses an option that this layout's engine has no setting for."""
+
+
 class Layout(Protocol):
     name: str  # the export.formats name: sglang | vllm | speculators | medusa
     kind: str  # the head kind it holds: eagle3 | eagle1 | medusa

@@ -9,8 +9,9 @@ Checked against SGLang 0.5.23 (PyPI wheel): srt/models/llama_eagle3.py (`LlamaMo
   * config: a Llama config plus draft_vocab_size (absent = lm_head taken from the target),
     target_hidden_size, tie_word_embeddings (true = lm_head IS the embedding: must be false),
     eagle_config {eagle_aux_hidden_state_layer_ids (output-of-layer ids, SGLang adds 1),
-    use_aux_hidden_state}. Switches we lack (norm_before_fc, fc_norm / use_aux_norm,
-    norm_output, bias) must stay off.
+    use_aux_hidden_state}. SGLang has none of the variant switches (norm_before_fc, fc_norm,
+    norm_before_residual, norm_output, a sliding window; nor use_aux_norm, bias): a head that
+    uses one is refused by name, on export and on import.
 """
 
 from typing import Any
@@ -24,7 +25,9 @@ from heads.export.eagle3_layout import (
     Eagle3Layout,
     aux_layer_ids,
     check_eagle3_switches,
+    check_expressible,
     eagle3_tensors,
+    sliding_window,
 )
 from heads.export.layer_ids import to_engine_layer_ids
 from heads.export.layouts import (
@@ -57,6 +60,7 @@ class SGLangEagle3(Eagle3Layout):
     def config(self, head: Eagle3Head, meta: DrafterMeta) -> dict[str, Any]:
         args = head.args
         layer_ids = to_engine_layer_ids(args.target_layer_ids, self.name)
+        check_expressible(head, self.name, supported=())
         return {
             "architectures": [ARCHITECTURE],
             **llama_fields(args.layer, args.vocab_size),
@@ -87,6 +91,7 @@ class SGLangEagle3(Eagle3Layout):
         require_keys(config, ("draft_vocab_size",), where)
         require_value(config, "tie_word_embeddings", (False,), where)
         check_eagle3_switches(config, where)
+        sliding_window(config, where, supported=False)
         eagle_config = config.get("eagle_config") or {}
         require_value(eagle_config, "use_aux_hidden_state", (True, None), f"{where} (eagle_config)")
         geometry = geometry_from_fields(config, where)

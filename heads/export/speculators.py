@@ -10,10 +10,15 @@ vLLM 0.33.0 (transformers_utils/config.py, which treats a config holding
     default_proposal_method, verifier {name_or_path, architectures}},
     transformer_layer_config (a Llama config: its model_type must be written, speculators
     0.9.0 falls back to Qwen3 without it), draft_vocab_size, target_hidden_size,
-    eagle_aux_hidden_state_layer_ids (INPUT-of-layer ids, as vLLM), norm_before_residual.
-    We write no top-level model_type: speculators' own to_dict drops it and vLLM infers it.
+    eagle_aux_hidden_state_layer_ids (INPUT-of-layer ids, as vLLM), and the variant switches
+    norm_before_residual, norm_before_fc, fc_norm, norm_output (plus a sliding window in
+    transformer_layer_config: sliding_window, use_sliding_window, layer_types), all read and
+    written as Eagle3DraftModel builds them. We write no top-level model_type: speculators' own
+    to_dict drops it and vLLM infers it.
   * norm_before_residual must be written: vLLM's algos.py defaults it to TRUE for
-    speculators configs while speculators defaults it to false.
+    speculators configs while speculators defaults it to false. vLLM reads norm_before_residual
+    (and, in releases after 0.33, norm_before_fc); the other switches only speculators' own
+    model runs, so the model card names the ones a head uses.
   * weights: `layers.0.*`, `fc`, `norm`, `lm_head`, `embed_tokens.weight` (a copy of the
     target's), and `d2t` / `t2d` only when the draft vocabulary is reduced (DraftVocabMixin
     registers them only then; vLLM needs d2t, skips t2d).
@@ -26,11 +31,13 @@ import torch
 from heads.eagle3 import Eagle3Head
 from heads.export.card import DrafterMeta, drafter_section
 from heads.export.eagle3_layout import (
+    VARIANT_FLAGS,
     Eagle3Fields,
     Eagle3Layout,
     aux_layer_ids,
     check_eagle3_switches,
     eagle3_tensors,
+    sliding_window,
 )
 from heads.export.layer_ids import to_engine_layer_ids
 from heads.export.layouts import TargetWeights, require_keys, require_value, trained_dtype_name
@@ -73,18 +80,15 @@ class SpeculatorsEagle3(Eagle3Layout):
                 ],
                 "default_proposal_method": "greedy",
                 "verifier": {
-                    "name_or_path": meta.serving_target,
+                    "name_or_path": meta.verifier,
                     "architectures": list(meta.target_architectures),
                 },
             },
-            "transformer_layer_config": llama_fields(args.layer, args.vocab_size),
+            "transformer_layer_config": llama_fields(args.layer, args.vocab_size) | _window_fields(args),
             "draft_vocab_size": args.draft_vocab_size,
             "target_hidden_size": args.layer.hidden_size,
             "eagle_aux_hidden_state_layer_ids": layer_ids,
-            "norm_before_residual": False,
-            "norm_before_fc": False,
-            "fc_norm": False,
-            "norm_output": False,
+            **{flag: getattr(args.variant, flag) for flag in VARIANT_FLAGS},
             "embed_requires_grad": False,
             "torch_dtype": trained_dtype_name(head),
             "drafter": drafter_section(head, meta, self.name, layer_ids),
@@ -99,14 +103,19 @@ class SpeculatorsEagle3(Eagle3Layout):
 
     def fields(self, config: dict[str, Any], where: str) -> Eagle3Fields:
         require_value(config, "speculators_model_type", ("eagle3",), where)
-        require_keys(config, ("speculators_config", "transformer_layer_config", "draft_vocab_size"), where)
-        require_value(config, "norm_before_residual", (False,), where)
-        check_eagle3_switches(config, where)
+        # norm_before_residual must be there: vLLM reads it missing as true, speculators as false.
+        require_keys(
+            config,
+            ("speculators_config", "transformer_layer_config", "draft_vocab_size", "norm_before_residual"),
+            where,
+        )
+        variant = check_eagle3_switches(config, where, supported=VARIANT_FLAGS)
         layer_config = config["transformer_layer_config"]
         if not isinstance(layer_config, dict):
             raise ValueError(f"{where}: config key 'transformer_layer_config' must be an object")
         inner = f"{where} (transformer_layer_config)"
         require_value(layer_config, "model_type", ("llama",), inner)
+        variant |= sliding_window(layer_config, inner, supported=True)
         geometry = geometry_from_fields(layer_config, inner)
         return Eagle3Fields(
             geometry=geometry,
@@ -116,4 +125,16 @@ class SpeculatorsEagle3(Eagle3Layout):
             aux_layer_ids=aux_layer_ids(
                 config.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids", where
             ),
+            variant=variant,
         )
+
+
+def _window_fields(args) -> dict[str, Any]:
+    """A sliding-window draft layer as speculators' CLI writes it (every layer sliding)."""
+    if args.variant.sliding_window is None:
+        return {}
+    return {
+        "sliding_window": args.variant.sliding_window,
+        "use_sliding_window": True,
+        "layer_types": ["sliding_attention"],
+    }

@@ -12,7 +12,9 @@ EAGLE-3
     loaded when present (we never write it: the target's is shared).
   * config: Llama fields + draft_vocab_size, target_hidden_size, top-level
     eagle_aux_hidden_state_layer_ids (INPUT-of-layer ids, used as is), norm_before_residual
-    (vLLM default false; ours is false: the residual is the un-normed feature). Without
+    (vLLM default false; written as the head has it). vLLM 0.33's draft layer has no other
+    variant switch (norm_before_fc, fc_norm, norm_output, a sliding window): a head using one
+    is refused by name (the speculators layout carries them). Without
     top-level ids vLLM 0.33 reads eagle_config's list, ALSO as input-of-layer ids, while SGLang
     reads that list as output-of-layer ids: such a config is ambiguous and we refuse it.
     architectures: EAGLEConfig keeps names that start or end with Eagle3 and prefixes others,
@@ -37,7 +39,9 @@ from heads.export.eagle3_layout import (
     Eagle3Layout,
     aux_layer_ids,
     check_eagle3_switches,
+    check_expressible,
     eagle3_tensors,
+    sliding_window,
 )
 from heads.export.layer_ids import to_engine_layer_ids
 from heads.export.layouts import (
@@ -57,6 +61,7 @@ EAGLE3_ARCHITECTURE = "Eagle3LlamaForCausalLM"
 EAGLE3_ARCHITECTURES_READ = (EAGLE3_ARCHITECTURE, "LlamaForCausalLMEagle3", "LlamaForCausalLM")
 EAGLE1_ARCHITECTURE = "EagleLlamaForCausalLM"
 EAGLE1_ARCHITECTURES_READ = (EAGLE1_ARCHITECTURE, "LlamaForCausalLM")
+VLLM_SWITCHES = ("norm_before_residual",)  # the EAGLE-3 variant switches vLLM 0.33's draft layer reads
 
 
 def _check_architectures(config: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
@@ -82,6 +87,7 @@ class VLLMEagle3(Eagle3Layout):
 
     def config(self, head: Eagle3Head, meta: DrafterMeta) -> dict[str, Any]:
         args = head.args
+        check_expressible(head, self.name, supported=VLLM_SWITCHES)
         layer_ids = to_engine_layer_ids(args.target_layer_ids, self.name)
         return {
             "architectures": [EAGLE3_ARCHITECTURE],
@@ -89,7 +95,7 @@ class VLLMEagle3(Eagle3Layout):
             "draft_vocab_size": args.draft_vocab_size,
             "target_hidden_size": args.layer.hidden_size,
             "eagle_aux_hidden_state_layer_ids": layer_ids,
-            "norm_before_residual": False,
+            "norm_before_residual": args.variant.norm_before_residual,
             "torch_dtype": trained_dtype_name(head),
             "drafter": drafter_section(head, meta, self.name, layer_ids),
         }
@@ -104,8 +110,8 @@ class VLLMEagle3(Eagle3Layout):
 
     def fields(self, config: dict[str, Any], where: str) -> Eagle3Fields:
         _check_architectures(config, EAGLE3_ARCHITECTURES_READ, where)
-        require_value(config, "norm_before_residual", (False, None), where)
-        check_eagle3_switches(config, where)
+        variant = check_eagle3_switches(config, where, supported=VLLM_SWITCHES)
+        sliding_window(config, where, supported=False)
         eagle_config = config.get("eagle_config") or {}
         require_value(eagle_config, "use_aux_hidden_state", (True, None), f"{where} (eagle_config)")
         geometry = geometry_from_fields(config, where)
@@ -126,6 +132,7 @@ class VLLMEagle3(Eagle3Layout):
             aux_layer_ids=aux_layer_ids(
                 config.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids", where
             ),
+            variant=variant,
         )
 
 

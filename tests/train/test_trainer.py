@@ -268,3 +268,12 @@ def test_a_head_started_from_the_target_layer_trains(make_job, tmp_path):
         run(make_job("head=medusa", "head.init=target_layer", run_dir=tmp_path / "medusa"))
     with pytest.raises(ValueError, match="head.init='zeros'"):
         run(make_job("head.init=zeros", run_dir=tmp_path / "zeros"))
+
+
+def test_an_eagle3_variant_trains_and_is_saved_with_the_head(make_job, tmp_path):
+    run(make_job("head.variant.norm_before_fc=true", "head.variant.norm_output=true", "train.max_steps=2"))
+    config = json.loads((tmp_path / "run" / "head" / "head_config.json").read_text())
+    assert config["args"]["variant"]["norm_before_fc"] and config["args"]["variant"]["norm_output"]
+    assert "input_norm.weight" in head_weights(tmp_path / "run")
+    with pytest.raises(ValueError, match="head.variant .* is for EAGLE-3 heads"):
+        run(make_job("head=medusa", "head.variant.norm_output=true", run_dir=tmp_path / "medusa"))

@@ -1,15 +1,18 @@
 """The export stage: the eval gate, export_job's directories, the confidence files, the CLI."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from heads.draft_vocab import DraftVocab
+from heads.eagle3 import Eagle3Head, Eagle3Variant
 from heads.export import export_head, export_job, layout_for
 from heads.export.__main__ import main
 from heads.export.confidence import CONFIDENCE_CONFIG, CONFIDENCE_WEIGHTS
-from heads.export.layouts import TargetWeights, same_bytes
+from heads.export.layouts import CannotExpress, TargetWeights, same_bytes
 from heads.export.validate import validate_export
 from heads.registry import load_head, trained_state
 from heads.target import Target, TargetConfig
@@ -184,3 +187,45 @@ def test_cli_exports_and_imports(tmp_path):
     )
     assert all(same_bytes(original[name], reread[name]) for name in original)
     assert load_file(str(ours / "model.safetensors")).keys() == original.keys()
+
+
+def _variant_head_dir(run_dir, target):
+    weights = TargetWeights.from_target(target)
+    base = make_head("eagle3", weights)
+    variant = Eagle3Variant(norm_before_fc=True, norm_before_residual=True, norm_output=True)
+    head = Eagle3Head(
+        replace(base.args, variant=variant), weights.embed_weight, DraftVocab(base.d2t, base.t2d, 1.0)
+    )
+    head.save_pretrained(run_dir / "head")
+    return run_dir / "head", head
+
+
+def test_a_variant_head_exports_only_to_the_layouts_that_carry_it(tmp_path, target, caplog):
+    head_dir, head = _variant_head_dir(tmp_path, target)
+    _write_report(tmp_path, overall=2.0)
+    assert export_job(_job(tmp_path), target, head_dir) == [tmp_path / "export" / "speculators"]
+    assert "no sglang layout" in caplog.text and "no vllm layout" in caplog.text
+    config = json.loads((tmp_path / "export" / "speculators" / "config.json").read_text())
+    assert (config["norm_before_fc"], config["norm_before_residual"], config["norm_output"]) == (
+        True,
+        True,
+        True,
+    )
+    with pytest.raises(CannotExpress, match="norm_before_fc"):
+        export_job(_job(tmp_path, formats=["vllm"]), target, head_dir)
+
+
+def test_local_verifier_names_the_directory_the_target_was_loaded_from(tmp_path, target):
+    head_dir, _ = _head_dir(tmp_path, target)
+    _write_report(tmp_path, overall=2.0)
+    target.model_dir = str(tmp_path / "model")
+    export_job(_job(tmp_path, formats=["speculators"], local_verifier=True), target, head_dir)
+    config = json.loads((tmp_path / "export" / "speculators" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == str(tmp_path / "model")
+    assert config["drafter"]["target"]["local_path"] == str(tmp_path / "model")
+    export_job(_job(tmp_path, formats=["speculators"]), target, head_dir)
+    config = json.loads((tmp_path / "export" / "speculators" / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "tiny-llama"
+    target.model_dir = None
+    with pytest.raises(ValueError, match="not loaded from a directory"):
+        export_job(_job(tmp_path, formats=["speculators"], local_verifier=True), target, head_dir)

@@ -88,7 +88,7 @@ def test_a_d2t_that_t2d_contradicts_is_rejected(tmp_path, target):
             "model_type",
         ),  # speculators: Qwen3
         ("speculators", lambda c: c.update(draft_vocab_size=None), "draft_vocab_size"),
-        ("vllm", lambda c: c.update(norm_before_residual=True), "norm_before_residual"),
+        ("vllm", lambda c: c.update(norm_output=True), "norm_output"),
         ("vllm", lambda c: c.update(norm_before_fc=True), "norm_before_fc"),
         ("vllm", lambda c: c.update(attention_bias=True), "attention_bias"),
         (
