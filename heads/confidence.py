@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from heads.registry import check_target_weight, dataclass_from_dict, load_trained_state, trained_state
+from heads.registry import check_target_weight, dataclass_from_dict, load_trained_state
 
 CONFIG_FILE = "confidence_config.json"
 WEIGHTS_FILE = "confidence.safetensors"
@@ -54,16 +54,27 @@ def _rms(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + RMS_EPS)
 
 
-class ConfidenceHead(nn.Module):
-    frozen_weights = ("embed_tokens.weight",)
+class SharedEmbedding(nn.Module):
+    """The target's input embedding, looked up but never saved: a non-persistent buffer, so no
+    state dict (ours, or a training checkpoint beside the drafter that holds the same tensor)
+    carries a second reference to a target weight."""
 
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(token_ids, self.weight)
+
+
+class ConfidenceHead(nn.Module):
     def __init__(self, args: ConfidenceArgs, embed_weight: torch.Tensor):
         """embed_weight [V, e]: the target's input embedding (shared, frozen, never saved)."""
         super().__init__()
         check_temperatures(args.temperatures, "confidence temperatures")
         self.args = args
         embed_weight = check_target_weight(embed_weight, (args.vocab_size, args.embed_size), "embed_weight")
-        self.embed_tokens = nn.Embedding.from_pretrained(embed_weight, freeze=True)
+        self.embed_tokens = SharedEmbedding(embed_weight)
         self.linear = nn.Linear(args.hidden_size + args.embed_size, 1)
         # Zero, not random: a random start adds a logit of spread ~0.6 that carries no signal and
         # that a short run does not train away; calibration then has to undo a spread it cannot
@@ -107,7 +118,7 @@ class ConfidenceHead(nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         config = {"format_version": FORMAT_VERSION, "args": dataclasses.asdict(self.args)}
         tmp_weights, tmp_config = path / (WEIGHTS_FILE + ".tmp"), path / (CONFIG_FILE + ".tmp")
-        tensors = trained_state(self, self.frozen_weights)
+        tensors = self.state_dict()
         save_file({name: t.detach().contiguous() for name, t in tensors.items()}, str(tmp_weights))
         tmp_config.write_text(json.dumps(config, indent=2) + "\n")
         os.replace(tmp_weights, path / WEIGHTS_FILE)
@@ -126,7 +137,7 @@ class ConfidenceHead(nn.Module):
             )
         args = dataclass_from_dict(ConfidenceArgs, config.get("args"), f"{config_path}: args")
         head = cls(args, embed_weight)
-        load_trained_state(head, load_file(str(weights_path)), cls.frozen_weights, str(weights_path))
+        load_trained_state(head, load_file(str(weights_path)), (), str(weights_path))
         return head
 
 

@@ -365,6 +365,21 @@ class CalibrationFit:
     ece_after: list[float]
     rounds: list[int]  # observed chains per position
 
+    def __str__(self) -> str:
+        """One log line, rounded, saying what a temperature at an edge of the grid means."""
+        low, high = float(TEMPERATURE_GRID[0]), float(TEMPERATURE_GRID[-1])
+        line = "T by draft position " + ", ".join(f"{t:.2f}" for t in self.temperatures)
+        line += " (chains " + ", ".join(str(n) for n in self.rounds) + "; ECE "
+        line += ", ".join(f"{b:.3f}->{a:.3f}" for b, a in zip(self.ece_before, self.ece_after)) + ")"
+        if any(math.isclose(t, high) for t in self.temperatures):
+            line += (
+                f"; T={high:g} is the grid's top (clamped): that position's confidence is flattened to 1/2, "
+                "its logits did not help (too few chains, or no signal)"
+            )
+        if any(math.isclose(t, low) for t in self.temperatures):
+            line += f"; T={low:g} is the grid's bottom (clamped): sharpened as far as the fit allows"
+        return line
+
 
 def fit_calibration(logits: torch.Tensor, outcomes: torch.Tensor, observed: torch.Tensor) -> CalibrationFit:
     """Fit the temperatures and report the ECE per position before and after (same data)."""

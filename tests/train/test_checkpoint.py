@@ -57,3 +57,5 @@ def test_a_real_run_whose_newest_checkpoint_lost_its_optimizer_resumes_from_the_
     assert f"checkpoint {newest} is incomplete (missing or cut short: optimizer.bin)" in caplog.text
     assert f"resumed from {checkpoints / 'step_00000003'} at step 3" in caplog.text
     assert (newest / "optimizer.bin").is_file()  # step 6 trained again and saved whole
+    # The confidence head's embedding is the target's, never saved: no duplicate for accelerate to drop.
+    assert "Removed shared tensor" not in caplog.text

@@ -281,3 +281,13 @@ def test_calibration_on_held_out_batches_sets_the_heads_temperatures():
     assert fit.ece_after[0] <= fit.ece_before[0]  # T = 1 is on the grid
     assert all(count > 0 for count in fit.rounds) and objective.training
     assert not any(math.isnan(e) for e in fit.ece_after)
+
+
+def test_a_fit_logs_rounded_and_explains_a_clamped_temperature():
+    from train.confidence import TEMPERATURE_GRID, CalibrationFit
+
+    top = float(TEMPERATURE_GRID[-1])
+    line = str(CalibrationFit([1.1329469723303542, top], [0.1, 0.3], [0.05, 0.3], [100, 3]))
+    assert line.startswith("T by draft position 1.13, 20.00 (chains 100, 3; ECE 0.100->0.050, 0.300->0.300)")
+    assert "T=20 is the grid's top (clamped)" in line and "1.1329" not in line
+    assert "clamped" not in str(CalibrationFit([1.0], [0.1], [0.1], [10]))
