@@ -129,6 +129,15 @@ def position_metrics(predicted: torch.Tensor, outcomes: torch.Tensor, num_bins: 
     }
 
 
+def empty_panel_note(outcomes: torch.Tensor) -> str | None:
+    """What a reliability panel without a curve to read means, from its rounds' outcomes [n]."""
+    if outcomes.numel() == 0:
+        return "no round drafted\nthis position"
+    if not bool(outcomes.any()):
+        return "no accepted drafts\nat this position"
+    return None
+
+
 def reliability_diagram(
     rounds: DecodedRounds, temperatures: Sequence[float], path: Path, num_bins: int = ECE_BINS
 ) -> Path:
@@ -162,7 +171,10 @@ def reliability_diagram(
         axis.set(xlim=(0, 1), ylim=(0, 1), title=f"position {position + 1} (n={int(rows.sum())})")
         axis.set_xlabel("predicted survival")
         axis.set_ylabel("accepted")
-        axis.legend(fontsize=7, loc="upper left")
+        note = empty_panel_note(outcomes[rows, position])
+        if note:
+            axis.text(0.5, 0.5, note, ha="center", va="center", fontsize=9, color="dimgrey", wrap=True)
+        axis.legend(fontsize=8, loc="upper left")
     for empty in range(positions, rows_of_panels * columns):
         axes[empty // columns][empty % columns].axis("off")
     figure.tight_layout()

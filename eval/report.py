@@ -289,60 +289,86 @@ def _num(value) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")  # one per series, so overlapping ones stay visible
+
+
 def plot(report: dict, records: Sequence[Record], out_dir: Path) -> list[Path]:
     """AL distribution per task, acceptance by position, speed-up per bucket."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    by_task = defaultdict(list)
-    for r in records:
-        by_task[r.task].append(r.acceptance_length)
-    ax.hist(list(by_task.values()), label=list(by_task), bins=20, histtype="step")
-    ax.set(xlabel="acceptance length per request", ylabel="requests", title="AL distribution per task")
-    ax.legend()
-    paths.append(_save(fig, out_dir / "al_distribution.png"))
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for task, s in report["task"].items():
-        rates = s["acceptance_by_position"]
-        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=task)
-    ax.set(xlabel="draft position", ylabel="acceptance rate", title="Acceptance by position", ylim=(0, 1))
-    ax.legend()
-    paths.append(_save(fig, out_dir / "acceptance_by_position.png"))
-
-    baselines = [m for m in report["methods"] if m != "speculative"]
-    if baselines:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        names = [f"prompt {k}" for k in report["prompt_bucket"]] + [
-            f"resp {k}" for k in report["response_bucket"]
-        ]
-        summaries = list(report["prompt_bucket"].values()) + list(report["response_bucket"].values())
-        width = 0.8 / len(baselines)
-        for i, method in enumerate(baselines):
-            ax.bar(
-                [x + i * width for x in range(len(names))],
-                [s.get(f"speedup_vs_{method}", 0.0) for s in summaries],
-                width,
-                label=f"vs {method}",
-            )
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names, rotation=30, ha="right")
-        ax.set(ylabel="speed-up", title="Speed-up per bucket")
-        ax.legend()
-        paths.append(_save(fig, out_dir / "speedup_by_bucket.png"))
+    paths = [_al_distribution(records, out_dir / "al_distribution.png")]
+    paths.append(_acceptance_by_position(report, out_dir / "acceptance_by_position.png"))
+    if _baselines(report):
+        paths.append(_speedup_by_bucket(report, out_dir / "speedup_by_bucket.png"))
     return paths
 
 
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+def _al_distribution(records: Sequence[Record], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
+    fig, ax = plt.subplots(figsize=(7, 4))
+    by_task = defaultdict(list)
+    for r in records:
+        by_task[r.task].append(r.acceptance_length)
+    ax.hist(list(by_task.values()), label=list(by_task), bins=20, histtype="step", linewidth=1.5)
+    ax.set(xlabel="acceptance length per request", ylabel="requests", title="AL distribution per task")
+    ax.yaxis.get_major_locator().set_params(integer=True)  # counts of requests
+    _legend_outside(ax)
+    return _save(fig, path)
+
+
+def _acceptance_by_position(report: dict, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    depth = 1
+    for i, (task, s) in enumerate(report["task"].items()):
+        rates = s["acceptance_by_position"]
+        depth = max(depth, len(rates))
+        marker = MARKERS[i % len(MARKERS)]
+        ax.plot(range(1, len(rates) + 1), rates, marker=marker, markersize=8, fillstyle="none", label=task)
+    ax.set_xticks(range(1, depth + 1))  # draft positions are whole numbers
+    ax.set(xlabel="draft position", ylabel="acceptance rate", title="Acceptance by position", ylim=(0, 1.02))
+    _legend_outside(ax)
+    return _save(fig, path)
+
+
+def _speedup_by_bucket(report: dict, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    baselines = _baselines(report)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = [f"prompt {k}" for k in report["prompt_bucket"]] + [
+        f"resp {k}" for k in report["response_bucket"]
+    ]
+    summaries = list(report["prompt_bucket"].values()) + list(report["response_bucket"].values())
+    width = 0.8 / len(baselines)
+    for i, method in enumerate(baselines):
+        ax.bar(
+            [x + i * width for x in range(len(names))],
+            [s.get(f"speedup_vs_{method}", 0.0) for s in summaries],
+            width,
+            label=f"vs {method}",
+        )
+    ax.axhline(1.0, color="black", linewidth=0.8, label="break-even (1x)")
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names, rotation=30, ha="right")
+    ax.set(ylabel="speed-up", title="Speed-up per bucket")
+    _legend_outside(ax)
+    return _save(fig, path)
+
+
+def _legend_outside(ax) -> None:
+    """Right of the axes, so it never hides a series or the 1.0 line."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize=10)
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")  # keeps the legend outside the axes in the image
     plt.close(fig)
     return path
 

@@ -23,10 +23,14 @@ def record(task: str, emitted: int, rounds: int, spec_seconds: float) -> Record:
     )
 
 
+def fake_records() -> list[Record]:
+    """mt_bench at AL 2 (twice as fast as plain), gsm8k at AL 1.25 (slower than plain)."""
+    return [record("mt_bench", 32, 16, 0.5), record("mt_bench", 16, 8, 0.5), record("gsm8k", 20, 16, 2.0)]
+
+
 def fake_report(temperature: float = 0.0, mismatches: int | None = 0, checked: int = 3) -> dict:
-    """mt_bench at AL 2 (twice as fast as plain), gsm8k at AL 1.25 (slower than plain);
-    break-even AL 1.5."""
-    records = [record("mt_bench", 32, 16, 0.5), record("mt_bench", 16, 8, 0.5), record("gsm8k", 20, 16, 2.0)]
+    """The report of fake_records, with a break-even AL of 1.5."""
+    records = fake_records()
     costs = {
         "alpha": 0.3,
         "beta": 0.2,

@@ -2,7 +2,6 @@
 
 from pathlib import Path
 
-from eval.report import markdown
 from eval.summary import closing_summary, gate_decision, next_command
 from tests.eval.fake_report import fake_report
 
@@ -45,15 +44,3 @@ def test_summary_says_when_greedy_identity_was_not_checked():
     assert "not checked (sampling" in sampled
     without_plain = closing_summary(fake_report(0.0, 0, 0), REPORT, "x")
     assert "not checked (no plain-decoding baseline" in without_plain
-
-
-def test_report_md_reads_on_its_own():
-    text = markdown(fake_report(mismatches=1))
-    lines = text.splitlines()
-    assert lines[0] == "# Speculative decoding eval: eagle3 head"
-    assert "tasks mt_bench, gsm8k (2 prompts each, up to 32 new tokens per turn)" in text
-    table = [line for line in lines if line.startswith("| ")]
-    assert table[1].startswith("| **overall** | 3 | 1.70 |")  # first row after the header
-    assert "| hf_greedy | 88.2 | 11.3 |" in text  # 6 s for 68 tokens
-    assert "checked token for token against plain decoding on 3 turns: 1 mismatches" in text
-    assert "Overall: speculation pays on this machine" in text

@@ -1,0 +1,50 @@
+"""report.md and the plots, on a small made-up report."""
+
+import torch
+
+import eval.report
+from eval.calibration import empty_panel_note
+from eval.report import markdown, plot
+from tests.eval.fake_report import fake_records, fake_report
+
+
+def test_report_md_reads_on_its_own():
+    text = markdown(fake_report(mismatches=1))
+    lines = text.splitlines()
+    assert lines[0] == "# Speculative decoding eval: eagle3 head"
+    assert "tasks mt_bench, gsm8k (2 prompts each, up to 32 new tokens per turn)" in text
+    table = [line for line in lines if line.startswith("| ")]
+    assert table[1].startswith("| **overall** | 3 | 1.70 |")  # first row after the header
+    assert "| hf_greedy | 88.2 | 11.3 |" in text  # 6 s for 68 tokens
+    assert "checked token for token against plain decoding on 3 turns: 1 mismatches" in text
+    assert "Overall: speculation pays on this machine" in text
+
+
+def test_plots_have_whole_positions_distinct_markers_and_legends_outside_the_data(tmp_path, monkeypatch):
+    figures = {}
+
+    def keep(fig, path):
+        figures[path.name] = fig
+        return path
+
+    monkeypatch.setattr(eval.report, "_save", keep)
+    paths = plot(fake_report(), fake_records(), tmp_path)
+    assert [p.name for p in paths] == [
+        "al_distribution.png",
+        "acceptance_by_position.png",
+        "speedup_by_bucket.png",
+    ]
+    axes = figures["acceptance_by_position.png"].axes[0]
+    assert list(axes.get_xticks()) == [1, 2, 3]
+    assert len({line.get_marker() for line in axes.get_lines()}) == 2  # one per task
+    for fig in figures.values():
+        legend = fig.axes[0].get_legend()
+        assert (
+            legend.get_bbox_to_anchor().transformed(fig.axes[0].transAxes.inverted()).x0 > 1
+        )  # right of the axes
+
+
+def test_an_empty_reliability_panel_says_why():
+    assert empty_panel_note(torch.zeros(0)) == "no round drafted\nthis position"
+    assert empty_panel_note(torch.zeros(5)) == "no accepted drafts\nat this position"
+    assert empty_panel_note(torch.tensor([0.0, 1.0])) is None
