@@ -144,3 +144,35 @@ def test_confidence_head_is_calibrated_on_decoding_and_drives_the_policies(make_
     run(make_job(*_eval_overrides(prompts_jsonl, "eval.policy=expected_gain", "eval.baselines=false")))
     report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
     assert report["greedy_mismatches"] == 0 and report["overall"]["requests"] == 4
+
+
+def test_the_eval_command_ends_with_the_summary_and_the_export_command(
+    make_job, prompts_jsonl, tiny_target_dir, tmp_path, capsys
+):
+    from eval.run import export_command, main
+
+    run(make_job())
+    out = tmp_path / "eval_cli"
+    flags = [
+        "--prompts-per-task",
+        "3",
+        "--max-new-tokens",
+        "6",
+        "--draft-length",
+        "2",
+        "--baselines",
+        "false",
+    ]
+    main(
+        ["--head", str(tmp_path / "run" / "head"), "--out", str(out), "--target", str(tiny_target_dir)]
+        + ["--device", "cpu", "--tasks", str(prompts_jsonl), *flags]
+    )
+    printed = capsys.readouterr().out
+    assert "Summary: eagle3 head, eval of 4 turns" in printed
+    assert "greedy output not checked (no plain-decoding baseline" in printed
+    assert "next     a longer run" in printed  # a tiny random head does not pay
+    report = json.loads((out / "report.json").read_text())
+    command = export_command(report, str(tiny_target_dir), out / "report.json")
+    assert command.startswith(
+        f"python -m heads.export --head {out / 'calibrated_head'} --target {tiny_target_dir}"
+    )
