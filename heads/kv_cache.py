@@ -39,9 +39,12 @@ class KVCache(nn.Module):
             self.k.index_copy_(2, cache_positions, k.to(self.k.dtype))
             self.v.index_copy_(2, cache_positions, v.to(self.v.dtype))
         else:
-            index = cache_positions[:, None, :, None].expand_as(k)  # [B, kv_heads, S, head_dim]
-            self.k.scatter_(2, index, k.to(self.k.dtype))
-            self.v.scatter_(2, index, v.to(self.v.dtype))
+            # Indexed assignment, not scatter_: torch's CPU scatter_ copies the whole cache in
+            # bf16 (16 ms vs 0.014 ms for a 64-row layer here). Rows [B, 1] and slots [B, S]
+            # index dims 0 and 2, so the values go in as [B, S, kv_heads, head_dim].
+            rows = torch.arange(k.shape[0], device=k.device)[:, None]
+            self.k[rows, :, cache_positions] = k.transpose(1, 2).to(self.k.dtype)
+            self.v[rows, :, cache_positions] = v.transpose(1, 2).to(self.v.dtype)
         return self.k, self.v
 
     def rows(self, start: int, stop: int) -> "KVCache":
