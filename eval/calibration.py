@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from eval.decoder import ChainDrafting, SpeculativeDecoder
 from eval.policies import StaticDraftLength
 from eval.verify import SamplingParams
-from train.confidence import ECE_BINS, CalibrationFit, expected_calibration_error, fit_calibration, survival
+from heads.calibration import ECE_BINS, CalibrationFit, expected_calibration_error, fit_calibration, survival
 
 GREEDY = SamplingParams()
 FIGURE_FILE = "confidence_reliability.png"

@@ -13,3 +13,4 @@ TRITON_INTERPRET=0 "$PY" -m pytest -q tests/eval/test_cuda_graphs.py tests/kerne
     --settings static:4 confidence:8 --temperatures 0 1
 "$PY" eval/bench.py --head "$HEAD" --out "$OUT/eager" --prompts-per-task 4 --max-new-tokens 128 \
     --settings static:4 --temperatures 0 --no-cuda-graphs
+"$PY" -m eval.bench_decoder    # decoder rounds with and without the Triton kernels (8B-shape target)

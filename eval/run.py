@@ -18,7 +18,6 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ from data.chat_template import generation_prompt_ids
 from data.eval_sets import EvalPrompt, load_eval_set
 from eval.baselines import hf_generate
 from eval.calibration import evaluate_calibration
+from eval.config import EvalConfig
 from eval.decoder import ChainDrafting, MedusaTreeDrafting, SpeculativeDecoder, TreeDrafting
 from eval.policies import (
     ConfidenceThreshold,
@@ -48,52 +48,6 @@ log = logging.getLogger(__name__)
 CALIBRATED_HEAD = "calibrated_head"  # in the eval's out dir
 PROMPT_LOOKUP_TOKENS = 10  # HF's prompt-lookup n-gram draft length (SPEC.md §7 reference)
 SPECULATIVE, PLAIN, HF_GREEDY, HF_LOOKUP = "speculative", "plain", "hf_greedy", "hf_prompt_lookup"
-
-
-@dataclass
-class EvalConfig:
-    # Packaged names (mt_bench, humaneval, gsm8k) or paths to JSONL prompt sets.
-    tasks: list[str] = field(default_factory=lambda: ["mt_bench", "humaneval", "gsm8k"])
-    # Prompts per task; null = all. Small values give a quick but noisy AL.
-    prompts_per_task: int | None = 8
-    max_new_tokens: int = 64
-    # chain | tree (EAGLE heads; Medusa heads always use their static tree).
-    mode: str = "chain"
-    # Chain: drafts per round (the maximum, under an adaptive policy). Tree: depth.
-    draft_length: int = 4
-    # static: always draft_length; draft_prob: EAGLE-2's stop rule (chain probability below
-    # policy_threshold ends the round); confidence: the confidence head's survival below
-    # policy_threshold ends it (trees keep the nodes of highest survival); expected_gain:
-    # draft while the next token's survival pays its measured cost (alpha, beta), and verify
-    # only the drafts whose survival pays for verifying them (none: a plain step).
-    policy: str = "static"
-    policy_threshold: float = 0.3
-    # More chain settings "policy:K" (e.g. static:2, draft_prob:8) decoded on the same turns,
-    # interleaved with the main one and the baselines; each gets its own per-task summary
-    # (report["compare"]), so one run ranks them on equal terms.
-    compare: list[str] = field(default_factory=list)
-    # Confidence heads: prompts per task (disjoint from the evaluated ones) whose real decoding
-    # fits the per-position temperatures; the evaluated prompts then report ECE/AUROC/Brier.
-    # The head with those temperatures goes to <out>/calibrated_head (the trained head directory
-    # is never written); export ships it. 0 = keep the temperatures fitted at training time.
-    calibration_prompts_per_task: int = 2
-    # Confidence heads: further held-out prompts per task to report the calibration on (more
-    # rounds than the evaluated prompts give: on a few hundred rounds even a perfectly calibrated
-    # head scores an ECE of a few hundredths). 0 = report on the evaluated prompts.
-    calibration_report_prompts_per_task: int = 0
-    # Tree drafting: top-k expansion per depth and total node budget.
-    tree_top_k: int = 4
-    tree_budget: int = 12
-    # 0 = greedy. top_p / top_k are applied identically to target and draft.
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    # Time the plain loop and HF generate (greedy + prompt lookup) on the same prompts.
-    baselines: bool = True
-    # On a CUDA target: replay decode, verify and draft steps as CUDA graphs (eval/cuda_graphs.py).
-    # Ignored on CPU.
-    cuda_graphs: bool = True
-    seed: int = 0
 
 
 def load_trained_head(target: Target, head_dir: Path) -> torch.nn.Module:

@@ -305,3 +305,35 @@ def causal_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     lower = idx[None, :] <= idx[:, None]  # [T, T]
     visible = lower[None] & attention_mask.bool()[:, None, :]
     return (visible | torch.eye(seq, dtype=torch.bool, device=attention_mask.device))[:, None]
+
+
+def unrolled_attention(
+    query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], step0_mask: torch.Tensor
+) -> torch.Tensor:
+    """Attention of TTT step k = len(keys) - 1, without materialising (k + 1) x T keys per query.
+
+    query [B, heads, T, d]; keys/values: one [B, kv_heads, T, d] per step so far; step0_mask bool
+    [B, 1, T, T]. Query t sees step-0 keys where step0_mask allows (causal, real tokens), and the
+    keys of steps 1..k at the same row t only: at decode time those are the draft tokens it
+    extended row t with (SpecForge's cache_hidden pattern). Softmax in fp32, as transformers does.
+    """
+    batch, heads, seq, dim = query.shape
+    kv_heads = keys[0].shape[1]
+    grouped = query.view(batch, kv_heads, heads // kv_heads, seq, dim)  # head n -> kv head n // group
+    scale = 1 / math.sqrt(dim)
+    scores = (grouped @ keys[0][:, :, None].transpose(-1, -2)) * scale  # [B, kv_heads, group, T, T]
+    scores = scores.masked_fill(~step0_mask[:, :, None], float("-inf"))
+    diagonal = [(grouped * k[:, :, None]).sum(-1, keepdim=True) * scale for k in keys[1:]]  # [..., T, 1] each
+    weights = torch.softmax(torch.cat([scores, *diagonal], dim=-1), dim=-1, dtype=torch.float32).to(
+        query.dtype
+    )
+    attended = weights[..., :seq] @ values[0][:, :, None]  # [B, kv_heads, group, T, d]
+    for step, value in enumerate(values[1:]):
+        attended = attended + weights[..., seq + step, None] * value[:, :, None]
+    return attended.reshape(batch, heads, seq, dim)
+
+
+def shift_left(input_ids: torch.Tensor, shift: int) -> torch.Tensor:
+    """[B, T] -> [B, T] with row t holding token t + shift (token 0 past the end)."""
+    pad = input_ids.new_zeros(input_ids.shape[0], min(shift, input_ids.shape[1]))
+    return torch.cat([input_ids[:, shift:], pad], dim=1)

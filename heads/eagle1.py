@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from heads.blocks import DecoderLayer, LayerGeometry, causal_mask
+from heads.blocks import DecoderLayer, LayerGeometry, causal_mask, shift_left, unrolled_attention
 from heads.kv_cache import KVCache
 from heads.registry import check_target_weight, load_trained_state, read_head, trained_state, write_head
 
@@ -147,3 +147,38 @@ class Eagle1Head(nn.Module):
         tokens = torch.cat([input_ids[:, 1:], input_ids.new_zeros(batch, 1)], dim=1)  # row t: token t + 1
         positions = torch.arange(seq, device=input_ids.device).expand(batch, seq)
         return self._predict_features(features, tokens, positions, causal_mask(attention_mask))
+
+    # Training-time test (the confidence head reads these chains).
+
+    def unroll(
+        self,
+        final_hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        num_steps: int,
+    ) -> list[torch.Tensor]:
+        """EAGLE-1 run on its own predicted features for num_steps steps -> K x [B, T, h].
+
+        Step 0 is `forward` without noise; step k, row t: the pair (step k - 1's
+        prediction at row t, token t + k + 1) at position t + k, attending to the real prefix and
+        to row t's own earlier steps (EAGLE-3's `unrolled_attention`), as decoding does.
+        """
+        layer = self.layers[0]  # EAGLE-1's layer 0 has no input_layernorm: attention reads fc's output
+        attention = layer.self_attn
+        batch, seq = input_ids.shape
+        positions = torch.arange(seq, device=input_ids.device).expand(batch, seq)
+        step0_mask = causal_mask(attention_mask)
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        features = final_hidden.to(self.fc.weight.dtype)
+        states = []
+        for step in range(num_steps):
+            tokens = shift_left(input_ids, step + 1)
+            fused = self.fc(torch.cat([self.embed_tokens(tokens), features], dim=-1))  # [B, T, h]
+            query, key, value = attention.project(fused, positions + step)
+            keys.append(key)
+            values.append(value)
+            hidden = fused + attention.output(unrolled_attention(query, keys, values, step0_mask))
+            features = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            states.append(features)
+        return states

@@ -15,14 +15,21 @@ tensors and does the shift itself; the decode step (`step`) takes pairs the call
 Layer ids follow docs/ARCHITECTURE.md: id i = output of target layer i.
 """
 
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
 
-from heads.blocks import Attention, LayerGeometry, RMSNorm, SwiGLU, causal_mask
+from heads.blocks import (
+    Attention,
+    LayerGeometry,
+    RMSNorm,
+    SwiGLU,
+    causal_mask,
+    shift_left,
+    unrolled_attention,
+)
 from heads.draft_vocab import DraftVocab
 from heads.kv_cache import KVCache
 from heads.registry import check_target_weight, load_trained_state, read_head, trained_state, write_head
@@ -49,7 +56,9 @@ class Eagle3Variant:
 
     def check(self, where: str) -> None:
         if self.norm_before_fc and self.fc_norm:
-            raise ValueError(f"{where}: norm_before_fc and fc_norm are mutually exclusive (speculators' rule)")
+            raise ValueError(
+                f"{where}: norm_before_fc and fc_norm are mutually exclusive (speculators' rule)"
+            )
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"{where}: sliding_window={self.sliding_window}; expected at least 1 or null")
 
@@ -101,32 +110,6 @@ class UnrolledSteps:
 
     hidden_states: list[torch.Tensor]  # each is the next step's feature (pre-norm unless norm_output)
     normed_states: list[torch.Tensor]  # after `norm`: what lm_head reads
-
-
-def unrolled_attention(
-    query: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], step0_mask: torch.Tensor
-) -> torch.Tensor:
-    """Attention of TTT step k = len(keys) - 1, without materialising (k + 1) x T keys per query.
-
-    query [B, heads, T, d]; keys/values: one [B, kv_heads, T, d] per step so far; step0_mask bool
-    [B, 1, T, T]. Query t sees step-0 keys where step0_mask allows (causal, real tokens), and the
-    keys of steps 1..k at the same row t only: at decode time those are the draft tokens it
-    extended row t with (SpecForge's cache_hidden pattern). Softmax in fp32, as transformers does.
-    """
-    batch, heads, seq, dim = query.shape
-    kv_heads = keys[0].shape[1]
-    grouped = query.view(batch, kv_heads, heads // kv_heads, seq, dim)  # head n -> kv head n // group
-    scale = 1 / math.sqrt(dim)
-    scores = (grouped @ keys[0][:, :, None].transpose(-1, -2)) * scale  # [B, kv_heads, group, T, T]
-    scores = scores.masked_fill(~step0_mask[:, :, None], float("-inf"))
-    diagonal = [(grouped * k[:, :, None]).sum(-1, keepdim=True) * scale for k in keys[1:]]  # [..., T, 1] each
-    weights = torch.softmax(torch.cat([scores, *diagonal], dim=-1), dim=-1, dtype=torch.float32).to(
-        query.dtype
-    )
-    attended = weights[..., :seq] @ values[0][:, :, None]  # [B, kv_heads, group, T, d]
-    for step, value in enumerate(values[1:]):
-        attended = attended + weights[..., seq + step, None] * value[:, :, None]
-    return attended.reshape(batch, heads, seq, dim)
 
 
 class Eagle3MidLayer(nn.Module):
@@ -219,7 +202,9 @@ class Eagle3Head(nn.Module):
         eps = args.layer.rms_norm_eps
         self.input_norm = RMSNorm(NUM_FEATURE_LAYERS * hidden, eps) if args.variant.norm_before_fc else None
         self.fc_norm = (
-            nn.ModuleList(RMSNorm(hidden, eps) for _ in range(NUM_FEATURE_LAYERS)) if args.variant.fc_norm else None
+            nn.ModuleList(RMSNorm(hidden, eps) for _ in range(NUM_FEATURE_LAYERS))
+            if args.variant.fc_norm
+            else None
         )
         self.fc = nn.Linear(NUM_FEATURE_LAYERS * hidden, hidden, bias=False)
         self.midlayer = Eagle3MidLayer(args.layer, args.variant.norm_before_residual)
@@ -401,7 +386,7 @@ class Eagle3Head(nn.Module):
         values: list[torch.Tensor] = []
         unrolled = UnrolledSteps(hidden_states=[], normed_states=[])
         for step in range(num_steps):
-            tokens = _shift_left(input_ids, step + 1)
+            tokens = shift_left(input_ids, step + 1)
             hidden = self.midlayer.forward_unrolled(
                 self.embed_tokens(tokens), hidden, positions + step, step0_mask, keys, values
             )
@@ -411,10 +396,3 @@ class Eagle3Head(nn.Module):
             unrolled.hidden_states.append(hidden)
             unrolled.normed_states.append(normed)
         return unrolled
-
-
-def _shift_left(input_ids: torch.Tensor, shift: int) -> torch.Tensor:
-    """[B, T] -> [B, T] with row t holding token t + shift (token 0 past the end)."""
-    return torch.cat(
-        [input_ids[:, shift:], input_ids.new_zeros(input_ids.shape[0], min(shift, input_ids.shape[1]))], 1
-    )

@@ -1,5 +1,5 @@
-"""Time each kernel against its torch reference and against the floor, on a GPU, and the
-decoder's per-round time with and without the kernels.
+"""Time each kernel against its torch reference and against the floor, on a GPU (the decoder's
+per-round time with and without the kernels is eval/bench_decoder.py's).
 
     python -m kernels.bench             # one CUDA GPU, Llama-3-8B shapes in bf16, < 5 minutes
     python -m kernels.bench --dry-run   # tiny CPU tensors, references only: checks the harness
@@ -8,8 +8,7 @@ The floor of a call is max(bytes moved / copy bandwidth, matmul FLOPs / matmul r
 measured here: bandwidth by a large device-to-device copy, the rate by a large bf16 matmul.
 Bytes count each input read and each output written once; FLOPs count the logits and the two
 gradient products once (no recomputation). Tree verification reads only the rows of the nodes
-on the accepted path (kernels/bench_tree.py); a decoder round reads the target's weights once
-(kernels/bench_decoder.py). The table comes last, with the card and commit, for the repo's
+on the accepted path (kernels/bench_tree.py). The table comes last, with the card and commit, for the repo's
 benchmark notes.
 """
 
@@ -22,7 +21,6 @@ from functools import partial
 
 import torch
 
-from kernels.bench_decoder import DRY_RUN_DECODER_SIZES, GPU_DECODER_SIZES, decoder_rows
 from kernels.bench_timing import Row, time_per_call
 from kernels.bench_tree import DRY_RUN_TREE_SIZES, GPU_TREE_SIZES, SAMPLINGS, metadata_rows, verify_rows
 from kernels.registry import kernel
@@ -200,7 +198,7 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(rendered)
 
 
-def _commit() -> str:
+def commit_id() -> str:
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
@@ -218,11 +216,11 @@ def main(argv: list[str] | None = None) -> str:
     options = parser.parse_args(argv)
     if options.dry_run:
         device, dtype, sizes, impls = torch.device("cpu"), torch.float32, DRY_RUN_SIZES, ["reference"]
-        tree_sizes, decoder_sizes = DRY_RUN_TREE_SIZES, DRY_RUN_DECODER_SIZES
+        tree_sizes = DRY_RUN_TREE_SIZES
         card = "CPU (dry run: the harness only, not a measurement)"
     elif torch.cuda.is_available():
         device, dtype, sizes, impls = torch.device("cuda"), torch.bfloat16, GPU_SIZES, ["reference", "triton"]
-        tree_sizes, decoder_sizes = GPU_TREE_SIZES, GPU_DECODER_SIZES
+        tree_sizes = GPU_TREE_SIZES
         card = torch.cuda.get_device_name(device)
     else:
         raise SystemExit(
@@ -243,7 +241,6 @@ def main(argv: list[str] | None = None) -> str:
         for b in tree_sizes.batches
         for name in SAMPLINGS
     ]
-    cases.append(("decoder round", "8B-shape target", partial(decoder_rows, *common, decoder_sizes)))
     cases += [
         ("soft_kl", f"N={n}", partial(_soft_kl_rows, n, *common, sizes, matmul_rate=matmul_rate))
         for n in sizes.kl_rows
@@ -256,7 +253,7 @@ def main(argv: list[str] | None = None) -> str:
         rows += run_case(impls=impls, bandwidth=bandwidth)
     report = "\n".join(
         [
-            f"card: {card}; date: {datetime.date.today()}; commit: {_commit()}; "
+            f"card: {card}; date: {datetime.date.today()}; commit: {commit_id()}; "
             f"torch {torch.__version__}; elapsed {time.monotonic() - begin:.0f} s",
             f"copy bandwidth {bandwidth / 1e9:.1f} GB/s; {str(dtype).removeprefix('torch.')} matmul "
             f"{matmul_rate / 1e12:.3g} TFLOP/s",

@@ -27,8 +27,7 @@ survival realised = product of labels) here; eval/calibration.py fits the same w
 decoding rounds.
 """
 
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,17 +35,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from heads.blocks import causal_mask
+from heads.calibration import CalibrationFit, fit_calibration
 from heads.confidence import ConfidenceHead
-from heads.eagle1 import Eagle1Head
-from heads.eagle3 import unrolled_attention
 
 if TYPE_CHECKING:
     from train.objectives import Features, Objective
-
-ECE_BINS = 15
-# Candidate calibration temperatures: log-spaced 0.05 .. 20, symmetric around (and including) 1.
-TEMPERATURE_GRID = torch.logspace(math.log10(0.05), math.log10(20.0), 241, dtype=torch.float64)
 
 
 @dataclass
@@ -236,113 +229,6 @@ class ConfidenceTraining(nn.Module):
         )
 
 
-def shift_left(input_ids: torch.Tensor, shift: int) -> torch.Tensor:
-    """[B, T] -> [B, T] with row t holding token t + shift (token 0 past the end)."""
-    pad = input_ids.new_zeros(input_ids.shape[0], min(shift, input_ids.shape[1]))
-    return torch.cat([input_ids[:, shift:], pad], dim=1)
-
-
-def eagle1_unroll(
-    head: Eagle1Head,
-    final_hidden: torch.Tensor,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    num_steps: int,
-) -> list[torch.Tensor]:
-    """EAGLE-1 run on its own predicted features for num_steps steps -> K x [B, T, h].
-
-    Step 0 is `Eagle1Head.forward` without noise; step k, row t: the pair (step k - 1's
-    prediction at row t, token t + k + 1) at position t + k, attending to the real prefix and
-    to row t's own earlier steps (EAGLE-3's `unrolled_attention`), as decoding does.
-    """
-    layer = head.layers[0]  # EAGLE-1's layer 0 has no input_layernorm: attention reads fc's output
-    attention = layer.self_attn
-    batch, seq = input_ids.shape
-    positions = torch.arange(seq, device=input_ids.device).expand(batch, seq)
-    step0_mask = causal_mask(attention_mask)
-    keys: list[torch.Tensor] = []
-    values: list[torch.Tensor] = []
-    features = final_hidden.to(head.fc.weight.dtype)
-    states = []
-    for step in range(num_steps):
-        tokens = shift_left(input_ids, step + 1)
-        fused = head.fc(torch.cat([head.embed_tokens(tokens), features], dim=-1))  # [B, T, h]
-        query, key, value = attention.project(fused, positions + step)
-        keys.append(key)
-        values.append(value)
-        hidden = fused + attention.output(unrolled_attention(query, keys, values, step0_mask))
-        features = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        states.append(features)
-    return states
-
-
-# --- calibration -----------------------------------------------------------------------
-
-
-def expected_calibration_error(
-    predicted: torch.Tensor, outcomes: torch.Tensor, num_bins: int = ECE_BINS
-) -> torch.Tensor:
-    """ECE with equal-width bins: Σ_bins |Σ outcomes - Σ predicted| / n.
-
-    predicted, outcomes [..., n] (outcomes in [0, 1], soft allowed) -> [...]; batched over the
-    leading dims so a grid of temperatures is scored at once. nan when n == 0.
-    """
-    bins = (predicted * num_bins).long().clamp(0, num_bins - 1)
-    gap = torch.zeros(*predicted.shape[:-1], num_bins, dtype=torch.float64, device=predicted.device)
-    gap.scatter_add_(-1, bins, (outcomes - predicted).double())
-    return gap.abs().sum(-1) / predicted.shape[-1]
-
-
-def survival(logits: torch.Tensor, temperatures: Sequence[float] | None = None) -> torch.Tensor:
-    """Cumulative survival a_j = Π_{i<=j} σ(logits_i / T_i): logits [N, K] -> [N, K] (float64).
-
-    temperatures None = uncalibrated; positions past the last temperature reuse it.
-    """
-    scaled = logits.double()
-    if temperatures:
-        per_position = [temperatures[min(j, len(temperatures) - 1)] for j in range(logits.shape[-1])]
-        scaled = scaled / torch.tensor(per_position, dtype=torch.float64, device=logits.device)
-    return torch.sigmoid(scaled).cumprod(dim=-1)
-
-
-def fit_sequential_temperatures(
-    logits: torch.Tensor,
-    outcomes: torch.Tensor,
-    observed: torch.Tensor,
-    num_bins: int = ECE_BINS,
-) -> list[float]:
-    """Per-position temperatures, left to right, each minimising the ECE of the cumulative
-    survival at its position given the temperatures already fitted before it.
-
-    logits [N, K] uncalibrated; outcomes [N, K] realised survival (accept_len >= j + 1, or a
-    product of soft labels); observed bool [N, K], a prefix per row (position j was drafted).
-    Ties (ECE is piecewise constant in T) go to the temperature closest to 1. A position with
-    no observed row keeps the previous temperature.
-    """
-    if logits.shape != outcomes.shape or logits.shape != observed.shape or logits.dim() != 2:
-        raise ValueError(
-            f"logits {tuple(logits.shape)}, outcomes {tuple(outcomes.shape)} and observed "
-            f"{tuple(observed.shape)} must all be [rounds, positions]"
-        )
-    grid = TEMPERATURE_GRID.to(logits.device)
-    closeness = grid.log().abs()  # tie-break: prefer T near 1
-    temperatures: list[float] = []
-    previous = torch.ones(logits.shape[0], dtype=torch.float64, device=logits.device)
-    for position in range(logits.shape[1]):
-        rows = observed[:, position]
-        fitted = temperatures[-1] if temperatures else 1.0
-        if bool(rows.any()):
-            candidates = previous[rows] * torch.sigmoid(
-                logits[rows, position].double() / grid[:, None]
-            )  # [G, n]
-            ece = expected_calibration_error(candidates, outcomes[rows, position].double()[None], num_bins)
-            best = (ece - ece.min()).le(1e-12)
-            fitted = float(grid[torch.where(best, closeness, math.inf).argmin()])
-        temperatures.append(fitted)
-        previous = previous * torch.sigmoid(logits[:, position].double() / fitted)
-    return temperatures
-
-
 def chains_from_pairs(
     values: torch.Tensor, pairs: PairedLabels, num_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -356,43 +242,6 @@ def chains_from_pairs(
         chain_values[:, step].index_add_(0, rows, torch.where(valid, values[step], 0))
         chain_valid[:, step].index_add_(0, rows, valid.float())
     return chain_values, chain_valid > 0
-
-
-@dataclass
-class CalibrationFit:
-    temperatures: list[float]
-    ece_before: list[float]  # per position, on the data it was fitted on
-    ece_after: list[float]
-    rounds: list[int]  # observed chains per position
-
-    def __str__(self) -> str:
-        """One log line, rounded, saying what a temperature at an edge of the grid means."""
-        low, high = float(TEMPERATURE_GRID[0]), float(TEMPERATURE_GRID[-1])
-        line = "T by draft position " + ", ".join(f"{t:.2f}" for t in self.temperatures)
-        line += " (chains " + ", ".join(str(n) for n in self.rounds) + "; ECE "
-        line += ", ".join(f"{b:.3f}->{a:.3f}" for b, a in zip(self.ece_before, self.ece_after)) + ")"
-        if any(math.isclose(t, high) for t in self.temperatures):
-            line += (
-                f"; T={high:g} is the grid's top (clamped): that position's confidence is flattened to 1/2, "
-                "its logits did not help (too few chains, or no signal)"
-            )
-        if any(math.isclose(t, low) for t in self.temperatures):
-            line += f"; T={low:g} is the grid's bottom (clamped): sharpened as far as the fit allows"
-        return line
-
-
-def fit_calibration(logits: torch.Tensor, outcomes: torch.Tensor, observed: torch.Tensor) -> CalibrationFit:
-    """Fit the temperatures and report the ECE per position before and after (same data)."""
-    temperatures = fit_sequential_temperatures(logits, outcomes, observed)
-    before, after = survival(logits), survival(logits, temperatures)
-    ece_before, ece_after, counts = [], [], []
-    for position in range(logits.shape[1]):
-        rows = observed[:, position]
-        target = outcomes[rows, position].double()
-        ece_before.append(float(expected_calibration_error(before[rows, position], target)))
-        ece_after.append(float(expected_calibration_error(after[rows, position], target)))
-        counts.append(int(rows.sum()))
-    return CalibrationFit(temperatures, ece_before, ece_after, counts)
 
 
 @torch.no_grad()

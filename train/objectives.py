@@ -27,7 +27,6 @@ from train.confidence import (
     ConfidenceTraining,
     DraftChain,
     PairedLabels,
-    eagle1_unroll,
     greedy_labels_from_acceptance,
 )
 from train.config import HeadConfig, TrainConfig
@@ -173,8 +172,8 @@ class Eagle1Objective(Objective):
 
     @torch.no_grad()
     def draft_chain(self, feats: Features) -> DraftChain:
-        states = eagle1_unroll(
-            self.head, feats.final_hidden, feats.input_ids, feats.attention_mask, self.confidence_steps
+        states = self.head.unroll(
+            feats.final_hidden, feats.input_ids, feats.attention_mask, self.confidence_steps
         )
         return DraftChain(states, states, [self.head.lm_head.weight] * len(states), None)
 
@@ -271,7 +270,9 @@ def new_head(head_cfg: HeadConfig, target: Target, train_rows) -> nn.Module:
     if head_cfg.init == "target_layer" and head_cfg.kind != "eagle3":
         raise ValueError(f"head.init=target_layer is for EAGLE-3 heads; head.kind={head_cfg.kind!r}")
     if head_cfg.variant.active() and head_cfg.kind != "eagle3":
-        raise ValueError(f"head.variant {head_cfg.variant.active()} is for EAGLE-3 heads; head.kind={head_cfg.kind!r}")
+        raise ValueError(
+            f"head.variant {head_cfg.variant.active()} is for EAGLE-3 heads; head.kind={head_cfg.kind!r}"
+        )
     if head_cfg.kind == "eagle3":
         head = Eagle3Head.from_target(
             target.config,

@@ -11,13 +11,14 @@ import logging
 import sys
 from pathlib import Path
 
+from eval.config import EvalConfig
+from heads.export.config import ExportConfig
 from heads.export.formats import layout_for
 from heads.export.importer import import_to_head_dir
 from heads.export.job import drafter_meta, export_head, gate
 from heads.export.layouts import TargetWeights
 from heads.registry import load_head, read_head_config
 from heads.target import Target, TargetConfig
-from train.config import EvalConfig, ExportConfig
 
 
 def _export_parser() -> argparse.ArgumentParser:

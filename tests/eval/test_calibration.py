@@ -16,10 +16,10 @@ from eval.calibration import (
 )
 from eval.decoder import ChainDrafting, SpeculativeDecoder
 from eval.policies import ConfidenceThreshold, StaticDraftLength
+from heads.calibration import expected_calibration_error
 from heads.confidence import ConfidenceHead
 from tests.eval.drafters import LMDrafter, perturbed_copy
 from tests.helpers import random_confidence_weights, tiny_llama
-from train.confidence import expected_calibration_error
 
 K = 4
 PROMPTS = [[5, 17, 33, 8, 90, 4], [100, 3, 56], [7] * 12, [40, 41, 42, 43], [9, 99, 19]]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from heads.blocks import causal_mask
+from heads.calibration import expected_calibration_error, fit_sequential_temperatures, survival
 from heads.confidence import CONFIG_FILE, WEIGHTS_FILE, ConfidenceHead
 from heads.target import Target
 from tests.helpers import tiny_llama, tiny_tokenizer
@@ -12,11 +13,7 @@ from train.confidence import (
     DraftChain,
     acceptance_labels,
     calibrate_on_batches,
-    eagle1_unroll,
-    expected_calibration_error,
-    fit_sequential_temperatures,
     greedy_labels_from_acceptance,
-    survival,
 )
 from train.config import HeadConfig, TrainConfig
 from train.losses import eagle3_ttt_loss
@@ -192,7 +189,7 @@ def test_eagle1_unroll_starts_with_the_heads_forward_and_continues_on_its_own_fe
     objective = build_objective(head_config("eagle1"), target, None, TRAIN)
     head, feats = objective.head, features(target, [])
     with torch.no_grad():
-        states = eagle1_unroll(head, feats.final_hidden, feats.input_ids, feats.attention_mask, 2)
+        states = head.unroll(feats.final_hidden, feats.input_ids, feats.attention_mask, 2)
         torch.testing.assert_close(states[0], head(feats.final_hidden, feats.input_ids, feats.attention_mask))
         # Step 1 at row t = decoding one more position after the real prefix 0..t, fed row t's own prediction.
         t = 6
@@ -284,7 +281,7 @@ def test_calibration_on_held_out_batches_sets_the_heads_temperatures():
 
 
 def test_a_fit_logs_rounded_and_explains_a_clamped_temperature():
-    from train.confidence import TEMPERATURE_GRID, CalibrationFit
+    from heads.calibration import TEMPERATURE_GRID, CalibrationFit
 
     top = float(TEMPERATURE_GRID[-1])
     line = str(CalibrationFit([1.1329469723303542, top], [0.1, 0.3], [0.05, 0.3], [100, 3]))

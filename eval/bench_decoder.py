@@ -1,12 +1,18 @@
-"""The decoder case of kernels/bench.py: eval's speculative decoder per verification round, with
+"""The decoder beside kernels/bench.py: eval's speculative decoder per verification round, with
 the kernels (DRAFTER_KERNELS=triton) and without (reference), on a random-weight target of
 Llama-3-8B shape and a random EAGLE-3 head (heads/eagle3.py), both built on the device in the
 benchmark dtype.
+
+    python -m eval.bench_decoder [--dry-run]     # on a GPU; --dry-run: tiny CPU shapes, harness only
+
+It lives in eval/ (kernels/ import nothing of eval/) and prints its table the way kernels/bench.py does.
 
 Random weights accept almost no drafts, so a round is: draft the tree, one target forward over
 it, verify, commit one token. Its floor is one read of the target's weights.
 """
 
+import argparse
+import datetime
 import os
 import time
 from dataclasses import dataclass
@@ -18,6 +24,7 @@ from eval.decoder import SpeculativeDecoder, TreeDrafting
 from eval.verify import SamplingParams
 from heads.draft_vocab import DraftVocab
 from heads.eagle3 import Eagle3Head
+from kernels.bench import DRY_RUN_SIZES, GPU_SIZES, commit_id, format_table, measure_bandwidth
 from kernels.bench_timing import Row
 from kernels.registry import ENV_VAR
 
@@ -150,3 +157,38 @@ def decoder_rows(device, dtype, sizes: DecoderSizes, impls: list[str], bandwidth
         else:
             os.environ[ENV_VAR] = previous
     return rows
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dry-run", action="store_true", help="tiny CPU shapes, torch references only")
+    options = parser.parse_args(argv)
+    if options.dry_run:
+        device, dtype, sizes, impls = torch.device("cpu"), torch.float32, DRY_RUN_DECODER_SIZES, ["reference"]
+        bandwidth_sizes, card = DRY_RUN_SIZES, "CPU (dry run: the harness only, not a measurement)"
+    elif torch.cuda.is_available():
+        device, dtype, sizes, impls = (
+            torch.device("cuda"),
+            torch.bfloat16,
+            GPU_DECODER_SIZES,
+            ["reference", "triton"],
+        )
+        bandwidth_sizes, card = GPU_SIZES, torch.cuda.get_device_name(device)
+    else:
+        raise SystemExit(
+            "eval/bench_decoder.py needs a CUDA GPU; run `python -m eval.bench_decoder --dry-run` on CPU"
+        )
+    begin = time.monotonic()
+    rows = decoder_rows(device, dtype, sizes, impls, bandwidth=measure_bandwidth(device, bandwidth_sizes))
+    report = (
+        f"card: {card}; date: {datetime.date.today()}; commit: {commit_id()}; torch {torch.__version__}; "
+        f"elapsed {time.monotonic() - begin:.0f} s\n{format_table(rows)}"
+    )
+    print(report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
