@@ -19,7 +19,9 @@ class EvalConfig:
     # policy_threshold ends the round); confidence: the confidence head's survival below
     # policy_threshold ends it (trees keep the nodes of highest survival); expected_gain:
     # draft while the next token's survival pays its measured cost (alpha, beta), and verify
-    # only the drafts whose survival pays for verifying them (none: a plain step).
+    # only the drafts whose survival pays for verifying them (none: a plain step); ngram: prompt
+    # lookup, no head (eval/ngram.py: what followed the text's last 3..1 tokens earlier), e.g. as
+    # eval.compare=[ngram:8] beside the head on the same turns.
     policy: str = "static"
     policy_threshold: float = 0.3
     # More chain settings "policy:K" (e.g. static:2, draft_prob:8) decoded on the same turns,

@@ -19,7 +19,8 @@ One round (EAGLE-kind drafter):
      step 1 of the next round overwrites its draft-time entries with ones computed from
      the target's features. Tree metadata and verification are kernel ops too
      (kernels/registry.py: Triton on CUDA, the torch references elsewhere).
-Medusa drafters draft a static tree from the target's last final hidden state instead.
+Medusa drafters draft a static tree from the target's last final hidden state instead;
+n-gram drafting (eval/ngram.py) needs no drafter: it drafts from the text itself.
 
 Invariant: `committed` tokens (prompt + generated); the target cache holds the first
 committed - 1 of them; the last one is the root of the next verification.
@@ -37,6 +38,7 @@ from transformers import PreTrainedModel
 
 from eval.cuda_graphs import GraphedForward
 from eval.metrics import DecodeMetrics, SpecCounters
+from eval.ngram import NgramIndex
 from eval.policies import MAX_DRAFT_LEN, DraftLengthPolicy, DraftStep, child_log_survival
 from eval.tree import (
     DEFAULT_MEDUSA_PATHS,
@@ -190,7 +192,31 @@ class MedusaTreeDrafting:
         return len(self.paths) + 1
 
 
-Drafting = ChainDrafting | TreeDrafting | MedusaTreeDrafting
+@dataclass(frozen=True)
+class NgramDrafting:
+    """Prompt lookup (eval/ngram.py): no drafter; the tokens that followed the latest earlier
+    occurrence of the text's last max_ngram .. min_ngram tokens, up to draft_length of them,
+    verified as a chain with one-hot draft distributions (exact for greedy and sampling)."""
+
+    draft_length: int = 8
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self):
+        if not 1 <= self.draft_length <= MAX_DRAFT_LEN:
+            raise ValueError(f"n-gram draft_length={self.draft_length}: must be in [1, {MAX_DRAFT_LEN}]")
+        NgramIndex(self.max_ngram, self.min_ngram)  # checks the sizes
+
+    @property
+    def max_depth(self) -> int:
+        return self.draft_length
+
+    @property
+    def verify_room(self) -> int:
+        return self.draft_length + 1
+
+
+Drafting = ChainDrafting | TreeDrafting | MedusaTreeDrafting | NgramDrafting
 
 
 def _check_confidence(drafting: Drafting, confidence: ConfidenceHead | None) -> None:
@@ -202,8 +228,8 @@ def _check_confidence(drafting: Drafting, confidence: ConfidenceHead | None) -> 
         raise ValueError(
             f"drafting={drafting!r} ranks drafts by confidence: pass the decoder confidence=<ConfidenceHead>"
         )
-    if confidence is not None and isinstance(drafting, MedusaTreeDrafting):
-        raise ValueError("the static Medusa tree does not use a confidence head: leave confidence=None")
+    if confidence is not None and isinstance(drafting, (MedusaTreeDrafting, NgramDrafting)):
+        raise ValueError(f"{type(drafting).__name__} does not use a confidence head: leave confidence=None")
 
 
 @dataclass
@@ -229,6 +255,7 @@ class _State:
     last_token: torch.Tensor  # [1] that last token: the root of the next verification
     pending_ids: torch.Tensor  # [1, m] committed tokens the drafter has not consumed
     pending_features: torch.Tensor  # [1, m, H] target features of the positions before them
+    ngram: NgramIndex | None = None  # n-gram drafting: every committed token, indexed
 
 
 @dataclass
@@ -375,7 +402,7 @@ class SpeculativeDecoder:
     def __init__(
         self,
         target_model: PreTrainedModel,
-        drafter: EagleDrafter | MedusaDrafter,
+        drafter: EagleDrafter | MedusaDrafter | None,
         drafting: Drafting,
         max_len: int,
         eos_token_id: int | Sequence[int] | None = None,
@@ -384,7 +411,7 @@ class SpeculativeDecoder:
         cuda_graphs: bool = False,
     ):
         """drafting picks the drafter kind: Chain/TreeDrafting for EAGLE heads,
-        MedusaTreeDrafting for Medusa heads. Caches are allocated here, once.
+        MedusaTreeDrafting for Medusa heads, NgramDrafting for none (drafter=None). Caches are allocated here, once.
         confidence: the drafter's confidence head (on the target's device), for the policies
         and trees that need one; with it every chain round records its drafts' confidences.
         cuda_graphs: on CUDA, replay the target's decode and verify forwards and the drafter's
@@ -395,6 +422,7 @@ class SpeculativeDecoder:
             ChainDrafting: (self._chain_round, self._eagle_features),
             TreeDrafting: (self._tree_round, self._eagle_features),
             MedusaTreeDrafting: (self._medusa_round, self._medusa_features),
+            NgramDrafting: (self._ngram_round, self._no_features),
         }
         if type(drafting) not in rounds:
             raise ValueError(f"drafting={drafting!r}: expected one of {[kind.__name__ for kind in rounds]}")
@@ -409,6 +437,9 @@ class SpeculativeDecoder:
         self.layer_ids: list[int] = []
         if isinstance(drafting, MedusaTreeDrafting):
             self.static_tree = drafting.tree
+        elif isinstance(drafting, NgramDrafting):
+            # Drafts are target ids with one-hot draft distributions over the whole vocabulary.
+            self.draft_token_ids = torch.arange(self.plain.vocab_size, device=self.device)
         else:
             self._setup_eagle(drafter, drafting, max_len)
 
@@ -477,6 +508,9 @@ class SpeculativeDecoder:
             pending_features=self._features(out.hidden_states, out.final_hidden),
         )
         tokens = [int(first)]
+        if isinstance(self.drafting, NgramDrafting):
+            state.ngram = NgramIndex(self.drafting.max_ngram, self.drafting.min_ngram)
+            state.ngram.extend(prompt[0].tolist() + tokens)
         confidence: list[ConfidenceRecord] = []
         while len(tokens) < max_new_tokens and tokens[-1] not in self.plain.eos:
             result = self._round(state, max_new_tokens - len(tokens), sampling, generator)
@@ -495,6 +529,9 @@ class SpeculativeDecoder:
     def _medusa_features(self, hidden_states: list[torch.Tensor], final_hidden: torch.Tensor) -> torch.Tensor:
         return final_hidden
 
+    def _no_features(self, hidden_states: list[torch.Tensor], final_hidden: torch.Tensor) -> torch.Tensor:
+        return final_hidden[..., :0]  # [1, S, 0]: n-gram drafting reads the tokens only
+
     def _commit(self, state: _State, out: TargetStep, path_nodes: torch.Tensor, new_tokens: torch.Tensor):
         """Record the accepted positions path_nodes [a + 1] of a verification forward (root first)
         and the tokens they were followed by, new_tokens [a + 1]."""
@@ -505,6 +542,21 @@ class SpeculativeDecoder:
         state.pending_ids = torch.cat([state.pending_ids, new_tokens.unsqueeze(0)], dim=1)
         state.committed += new_tokens.numel()
         state.last_token = new_tokens[-1:]
+
+    # --- n-gram drafting ---------------------------------------------------------------
+
+    def _ngram_round(self, state: _State, left: int, sampling: SamplingParams, generator) -> _Round:
+        state.pending_ids, state.pending_features = state.pending_ids[:, :0], state.pending_features[:, :0]
+        drafted = state.ngram.draft(min(self.drafting.draft_length, left - 1))
+        draft_tokens = torch.tensor([drafted], dtype=torch.long, device=self.device).view(1, -1)  # [1, k]
+        draft_probs = (
+            []
+            if sampling.greedy
+            else list(torch.nn.functional.one_hot(draft_tokens[0], self.plain.vocab_size).float()[:, None])
+        )  # k x [1, V]: the draft distribution is certain of each drafted token
+        result = self._verify_chain(state, draft_tokens, draft_probs, sampling, generator)
+        state.ngram.extend(result.new_tokens)
+        return result
 
     # --- EAGLE drafting -----------------------------------------------------------------
 

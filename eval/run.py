@@ -28,7 +28,7 @@ from data.eval_sets import EvalPrompt, load_eval_set
 from eval.baselines import hf_generate
 from eval.calibration import evaluate_calibration
 from eval.config import EvalConfig
-from eval.decoder import ChainDrafting, MedusaTreeDrafting, SpeculativeDecoder, TreeDrafting
+from eval.decoder import ChainDrafting, MedusaTreeDrafting, NgramDrafting, SpeculativeDecoder, TreeDrafting
 from eval.policies import (
     ConfidenceThreshold,
     DraftProbabilityThreshold,
@@ -64,7 +64,9 @@ def load_trained_head(target: Target, head_dir: Path) -> torch.nn.Module:
 def make_decoder(
     target: Target, head, kind: str, cfg: EvalConfig, max_len: int, confidence=None, costs: dict | None = None
 ) -> SpeculativeDecoder:
-    if kind == "medusa":
+    if cfg.policy == "ngram":  # prompt lookup: no head, no confidence
+        head, confidence, drafting = None, None, NgramDrafting(draft_length=cfg.draft_length)
+    elif kind == "medusa":
         drafting = MedusaTreeDrafting()
         confidence = None  # the static Medusa tree does not use it
     elif cfg.mode == "tree":

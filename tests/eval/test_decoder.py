@@ -4,6 +4,7 @@ import torch
 from eval.decoder import (
     ChainDrafting,
     MedusaTreeDrafting,
+    NgramDrafting,
     SpeculativeDecoder,
     TreeDrafting,
 )
@@ -273,3 +274,31 @@ def test_greedy_output_on_the_embedded_target(smollm2, drafting):
     out = decoder.generate(prompt, 24)
     assert out.tokens == expected[0, len(prompt) :].tolist()
     assert out.metrics.accepted_draft_tokens > 0
+
+
+def test_ngram_drafting_is_greedy_exact_and_accepts_on_repeated_text(target, reference):
+    decoder = SpeculativeDecoder(target, None, NgramDrafting(draft_length=4, max_ngram=2), max_len=MAX_LEN)
+    proposed = accepted = 0
+    for prompt, expected in zip(PROMPTS, reference):
+        out = decoder.generate(prompt, NEW_TOKENS)
+        assert out.tokens == expected
+        proposed += out.metrics.proposed_tokens
+        accepted += out.metrics.accepted_draft_tokens
+    assert accepted > 0 and proposed > accepted  # a random tiny model repeats itself: lookups pay
+
+
+def test_ngram_sampled_generations_follow_the_target():
+    """As the end-to-end sampling test above (600 runs, TV ~0.2 detectable), with one-hot drafts."""
+    vocab, prompt, runs, sampling = 4, [1, 0, 3, 1, 0, 3, 1], 600, SamplingParams(temperature=0.9, top_p=0.95)
+    target = tiny_llama(vocab_size=vocab, seed=2)
+    decoder = SpeculativeDecoder(target, None, NgramDrafting(draft_length=3), max_len=16, eos_token_id=[])
+    generator = torch.Generator().manual_seed(0)
+    samples, accepted, proposed = [], 0, 0
+    for _ in range(runs):
+        out = decoder.generate(prompt, 5, sampling, generator)
+        samples.append(out.tokens[0] * vocab**2 + out.tokens[1] * vocab + out.tokens[2])
+        accepted += out.metrics.accepted_draft_tokens
+        proposed += out.metrics.proposed_tokens
+    assert 0 < accepted < proposed  # both acceptances and rejections happened
+    statistic, dof = chi_square(torch.tensor(samples), exact_continuations(target, prompt, 3, sampling))
+    assert statistic < chi_square_critical(dof)

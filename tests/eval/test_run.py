@@ -94,16 +94,16 @@ def test_bench_ranks_settings_on_the_same_interleaved_turns(make_job, prompts_js
     job = make_job()
     run(job)
     base = EvalConfig(tasks=[str(prompts_jsonl)], prompts_per_task=3, max_new_tokens=6)
-    settings = ["static:2", "draft_prob:3", "confidence:3"]
+    settings = ["static:2", "draft_prob:3", "confidence:3", "ngram:3"]
     rows = run_bench(
         Target.load(job.target), tmp_path / "run" / "head", tmp_path / "bench", base, settings, [0.0, 1.0]
     )
-    assert len(rows) == 2 * 3 * 3  # temperatures x settings x (2 tasks + overall)
+    assert len(rows) == 2 * 4 * 3  # temperatures x settings x (2 tasks + overall)
     assert all(row["tokens_per_s"] > 0 and row["speedup_vs_hf_greedy"] > 0 for row in rows)
     assert table(rows).count("\n") == len(rows) + 1
     greedy = json.loads((tmp_path / "bench" / "T0" / "report.json").read_text())
     assert greedy["greedy_mismatches"] == 0  # every compared setting is checked against plain decoding
-    assert set(greedy["compare"]) == {"draft_prob:3", "confidence:3"}
+    assert set(greedy["compare"]) == {"draft_prob:3", "confidence:3", "ngram:3"}
     assert greedy["compare"]["draft_prob:3"]["overall"]["requests"] == greedy["overall"]["requests"] == 4
     assert "Drafting settings on the same turns" in (tmp_path / "bench" / "T0" / "report.md").read_text()
     with pytest.raises(ValueError, match="policy:K"):
