@@ -92,6 +92,9 @@ class TrainConfig:
     val_every: int = 100
     val_batches: int = 8
     checkpoint_every: int = 100
+    # Also save the head itself every this many steps (<run_dir>/snapshots/step-N, evaluable like
+    # the final head): learning curves from one run. 0 = never (each snapshot is the head's size).
+    snapshot_every: int = 0
     # auto: continue from the newest checkpoint in run_dir; never: start fresh; or a path.
     resume: str = "auto"
     # Stop after this many consecutive non-finite losses (each one skips its step).

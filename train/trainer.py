@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -30,6 +31,7 @@ from train.objectives import Features, Objective, build_objective
 log = logging.getLogger(__name__)
 
 VAL_METRICS = "val_metrics.jsonl"  # in run_dir: one line per validation
+SNAPSHOTS = "snapshots"  # in run_dir: step-<N>/ heads every train.snapshot_every steps
 
 
 def cosine_with_warmup(optimizer: torch.optim.Optimizer, warmup: int, total: int):
@@ -109,6 +111,8 @@ def train(
         raise ValueError(f"train.hidden_states={cfg.hidden_states!r}; choose online or offline")
     if cfg.precision not in ("fp32", "bf16"):
         raise ValueError(f"train.precision={cfg.precision!r}; choose fp32 or bf16")
+    if cfg.snapshot_every < 0:
+        raise ValueError(f"train.snapshot_every={cfg.snapshot_every}: expected 0 (never) or a step count")
     run_dir = Path(job.run_dir)
     torch.manual_seed(cfg.seed)
     objective = objective or build_objective(job.head, target, train_rows, cfg)
@@ -212,6 +216,8 @@ def train(
                 record_validation(run_dir / VAL_METRICS, state, val)
         if state.step % cfg.checkpoint_every == 0 or state.step == cfg.max_steps:
             save_checkpoint(accelerator, run_dir / "checkpoints", state)
+        if cfg.snapshot_every and state.step % cfg.snapshot_every == 0 and accelerator.is_main_process:
+            save_snapshot(accelerator.unwrap_model(model), target, run_dir / SNAPSHOTS / f"step-{state.step}")
     bar.close()
     accelerator.log({"train/rank_weight_spread": weight_spread(accelerator, params)}, step=state.step)
     head_dir = run_dir / "head"
@@ -227,6 +233,18 @@ def train(
         target.save_identity(head_dir)
     accelerator.wait_for_everyone()
     return head_dir
+
+
+def save_snapshot(objective, target: Target, head_dir: Path) -> None:
+    """The head as it is at this step, in our head format (eval/run.py reads it like the final
+    one), so a learning curve can be evaluated at several budgets from one run. Confidence
+    temperatures stay as trained (eval refits them on decoding)."""
+    tmp = head_dir.with_name(head_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    objective.save_pretrained(tmp)
+    target.save_identity(tmp)
+    shutil.rmtree(head_dir, ignore_errors=True)
+    tmp.rename(head_dir)
 
 
 def keep_validations_up_to(path: Path, step: int) -> None:

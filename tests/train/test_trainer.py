@@ -277,3 +277,14 @@ def test_an_eagle3_variant_trains_and_is_saved_with_the_head(make_job, tmp_path)
     assert "input_norm.weight" in head_weights(tmp_path / "run")
     with pytest.raises(ValueError, match="head.variant .* is for EAGLE-3 heads"):
         run(make_job("head=medusa", "head.variant.norm_output=true", run_dir=tmp_path / "medusa"))
+
+
+def test_head_snapshots_are_saved_for_learning_curves(make_job, tmp_path):
+    run(make_job("train.max_steps=6", "train.snapshot_every=3"))
+    snapshots = tmp_path / "run" / "snapshots"
+    assert sorted(p.name for p in snapshots.iterdir()) == ["step-3", "step-6"]
+    final, last = head_weights(tmp_path / "run"), load_file(snapshots / "step-6" / "model.safetensors")
+    assert all(torch.equal(final[k], last[k]) for k in final)  # the final head is the last snapshot
+    early = load_file(snapshots / "step-3" / "model.safetensors")
+    assert not torch.equal(early["fc.weight"], final["fc.weight"])
+    assert (snapshots / "step-3" / "target.json").is_file()
