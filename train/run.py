@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import hydra
@@ -86,10 +87,14 @@ def run(job: JobConfig) -> dict:
     target = Target.load(job.target)
     data_cfg = job.data
     if data_cfg.regenerate.enabled:
+        dtype = data_cfg.regenerate.dtype
+        writer = (
+            target if dtype in (None, job.target.dtype) else Target.load(replace(job.target, dtype=dtype))
+        )
         data_cfg = regenerate_data(
             data_cfg,
             lambda tally: select_conversations(job.data, tally),
-            target,
+            writer,
             data_cache_root(job.data),
             rank=accelerator.process_index,
             world=accelerator.num_processes,

@@ -199,7 +199,8 @@ def test_other_settings_or_weights_regenerate_elsewhere(tiny_target, two_turn_ch
 
 
 @pytest.mark.parametrize(
-    "field, value", [("max_new_tokens", 0), ("temperature", -1.0), ("top_p", 0.0), ("batch_size", 0)]
+    "field, value",
+    [("max_new_tokens", 0), ("temperature", -1.0), ("top_p", 0.0), ("batch_size", 0), ("dtype", "int8")],
 )
 def test_bad_settings_name_the_key(field, value):
     with pytest.raises(ValueError, match=f"data.regenerate.{field}"):
@@ -214,6 +215,14 @@ def test_the_job_trains_on_regenerated_replies(make_job, tmp_path):
     manifest = json.loads((Path(results["data_dir"]) / "manifest.json").read_text())
     [source] = manifest["sources"]
     assert "/regenerated/" in source["location"] and source["location"].endswith("conversations.jsonl")
+    bf16 = make_job(
+        "data.regenerate.enabled=true",
+        "data.regenerate.max_new_tokens=4",
+        "data.regenerate.dtype=bfloat16",
+        "stages=[prepare]",
+    )
+    [bf16_source] = json.loads((Path(run_job(bf16)["data_dir"]) / "manifest.json").read_text())["sources"]
+    assert bf16_source["location"] != source["location"]  # another writer: its own cache
 
 
 def test_asking_for_more_conversations_than_the_sources_hold_says_how_many_exist(
