@@ -31,6 +31,9 @@ class Record:
     accepted_by_position: list[int]  # accepted draft tokens at depth 1..K
     proposed_by_position: list[int]  # proposed draft tokens at depth 1..K
     seconds: dict[str, float] = field(default_factory=dict)  # method -> wall-clock of this turn
+    # method -> tokens it generated on this turn (sampled outputs differ in length; greedy
+    # ones are identical); a method missing here counts response_tokens.
+    tokens_by_method: dict[str, int] = field(default_factory=dict)
 
     @property
     def acceptance_length(self) -> float:
@@ -73,10 +76,12 @@ def summarise(records: Sequence[Record], methods: Sequence[str]) -> dict:
         "acceptance_by_position": [a / p if p else float("nan") for a, p in zip(accepted, proposed)],
         "tokens": sum(r.response_tokens for r in records),
     }
-    tokens = max(out["tokens"], 1)
     for method in methods:
+        # Each method's time over its own output length: at T > 0 a method that happened to stop
+        # early must not look faster per token than it is.
         seconds = sum(r.seconds.get(method, 0.0) for r in records)
-        out[f"ms_per_token_{method}"] = 1000 * seconds / tokens
+        tokens = sum(r.tokens_by_method.get(method, r.response_tokens) for r in records)
+        out[f"ms_per_token_{method}"] = 1000 * seconds / max(tokens, 1)
     if "speculative" in methods:
         for method in methods:
             if method != "speculative" and out["ms_per_token_speculative"] > 0:

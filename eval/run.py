@@ -357,6 +357,8 @@ def evaluate(
                             proposed_by_position=decoded.proposed_per_position,
                             # Each setting's report reads its own time as the speculative one.
                             seconds={SPECULATIVE: seconds[name]} | {m: seconds[m] for m in baselines},
+                            tokens_by_method={SPECULATIVE: len(tokens[name])}
+                            | {m: len(tokens[m]) for m in baselines},
                         )
                     )
                 answer = target.tokenizer.decode(reference, skip_special_tokens=True)

@@ -48,3 +48,18 @@ def test_an_empty_reliability_panel_says_why():
     assert empty_panel_note(torch.zeros(0)) == "no round drafted\nthis position"
     assert empty_panel_note(torch.zeros(5)) == "no accepted drafts\nat this position"
     assert empty_panel_note(torch.tensor([0.0, 1.0])) is None
+
+
+def test_each_method_is_timed_over_its_own_output_length():
+    """At T > 0 the plain loop may stop after 10 tokens where the speculative run wrote 40: its
+    ms/token divides by its own 10, not by the speculative run's 40."""
+    from dataclasses import replace
+
+    from eval.report import summarise
+    from tests.eval.fake_report import record
+
+    sampled = replace(record("chat", 40, 20, 2.0), tokens_by_method={"speculative": 40, "plain": 10})
+    summary = summarise([sampled], ["speculative", "plain"])
+    assert summary["ms_per_token_speculative"] == 1000 * 2.0 / 40
+    assert summary["ms_per_token_plain"] == 1000 * 1.0 / 10
+    assert summary["speedup_vs_plain"] == (1000 / 10) / (2000 / 40)
