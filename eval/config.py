@@ -40,6 +40,10 @@ class EvalConfig:
     # Tree drafting: top-k expansion per depth and total node budget.
     tree_top_k: int = 4
     tree_budget: int = 12
+    # Sampled chains: token (Leviathan et al., each draft judged alone) or block (Sun et al. 2025:
+    # the chain judged as a whole, never fewer accepted drafts in expectation, same output
+    # distribution). Greedy decoding and trees are unaffected.
+    verification: str = "token"
     # 0 = greedy. top_p / top_k are applied identically to target and draft.
     temperature: float = 0.0
     top_p: float = 1.0

@@ -56,6 +56,7 @@ from eval.verify import (
     SamplingParams,
     process_logits,
     sample,
+    verify_chain_block,
     verify_chain_greedy,
     verify_chain_sampling,
     verify_tree,
@@ -409,14 +410,22 @@ class SpeculativeDecoder:
         kv_bucket: int = 128,
         confidence: ConfidenceHead | None = None,
         cuda_graphs: bool = False,
+        verification: str = "token",
     ):
         """drafting picks the drafter kind: Chain/TreeDrafting for EAGLE heads,
-        MedusaTreeDrafting for Medusa heads, NgramDrafting for none (drafter=None). Caches are allocated here, once.
+        MedusaTreeDrafting for Medusa heads, NgramDrafting for none (drafter=None). Caches are
+        allocated here, once. verification: how sampled chains are judged, "token" (Leviathan et
+        al.) or "block" (Sun et al.: never fewer accepted drafts in expectation); greedy
+        decoding and trees are unaffected.
         confidence: the drafter's confidence head (on the target's device), for the policies
         and trees that need one; with it every chain round records its drafts' confidences.
         cuda_graphs: on CUDA, replay the target's decode and verify forwards and the drafter's
         steps as CUDA graphs (see PlainDecoder)."""
         _check_confidence(drafting, confidence)
+        rules = {"token": verify_chain_sampling, "block": verify_chain_block}
+        if verification not in rules:
+            raise ValueError(f"verification={verification!r}: choose one of {sorted(rules)}")
+        self._sampled_chain_rule = rules[verification]
         self.confidence = confidence
         rounds = {
             ChainDrafting: (self._chain_round, self._eagle_features),
@@ -660,7 +669,7 @@ class SpeculativeDecoder:
                 stacked = self._to_target_vocab(torch.stack(draft_probs, dim=1))  # [1, k, V]
             else:
                 stacked = out.logits.new_zeros(1, 0, self.plain.vocab_size, dtype=torch.float32)
-            verdict = verify_chain_sampling(
+            verdict = self._sampled_chain_rule(
                 draft_tokens, stacked, process_logits(out.logits, sampling), generator
             )
         spots = torch.arange(num_drafts + 1, device=self.device)

@@ -182,9 +182,15 @@ def _title(report: dict) -> list[str]:
         "",
         f"Head `{head['dir']}`; tasks {', '.join(s['tasks'])} ({s['prompts_per_task'] or 'all'} prompts "
         f"each, up to {s['max_new_tokens']} new tokens per turn); {drafting}; temperature "
-        f"{s['temperature']}. AL = tokens emitted per verification round (bonus token included); "
+        f"{s['temperature']}{_verification(s)}. AL = tokens emitted per verification round (bonus token included); "
         "× = speed-up in time per token against each baseline, timed on the same turns, interleaved.",
     ]
+
+
+def _verification(settings: dict) -> str:
+    """How sampled chains were judged (greedy rounds compare argmaxes either way)."""
+    rule = settings.get("verification", "token")
+    return "" if settings["temperature"] == 0 else f", {rule}-wise verification of sampled chains"
 
 
 def _al_table(report: dict) -> list[str]:

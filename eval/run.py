@@ -96,6 +96,7 @@ def make_decoder(
         eos_token_id=target.tokenizer.eos_token_id,
         confidence=confidence,
         cuda_graphs=cfg.cuda_graphs,
+        verification=cfg.verification,
     )
 
 

@@ -227,6 +227,7 @@ def exact_continuations(model, prompt: list[int], length: int, sampling: Samplin
 
 E2E_DRAFTINGS = {
     "chain": ChainDrafting(StaticDraftLength(3)),
+    "chain-block": ChainDrafting(StaticDraftLength(3)),  # block verification (below)
     "tree": TreeDrafting(depth=3, top_k=2, budget=6),
     "medusa": MedusaTreeDrafting(),
 }
@@ -247,7 +248,10 @@ def test_sampled_generations_follow_the_target_end_to_end(drafting):
         drafter = TinyMedusa(target)
     else:  # a reduced draft vocabulary: token 3 can never be drafted
         drafter = LMDrafter(perturbed_copy(target, noise=0.5), draft_token_ids=torch.tensor([0, 1, 2]))
-    decoder = SpeculativeDecoder(target, drafter, E2E_DRAFTINGS[drafting], max_len=8, eos_token_id=[])
+    verification = "block" if drafting == "chain-block" else "token"
+    decoder = SpeculativeDecoder(
+        target, drafter, E2E_DRAFTINGS[drafting], max_len=8, eos_token_id=[], verification=verification
+    )
     generator = torch.Generator().manual_seed(0)
     samples, accepted = [], 0
     for _ in range(runs):
