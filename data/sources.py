@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from data.packaged import packaged_file
+from data.packaged import REPO_ASSETS, packaged_file
 from data.tally import Tally
 
 CHUNK_CHARS = 1 << 20  # streaming read size; a record may span any number of chunks
@@ -50,9 +50,12 @@ class MalformedRecord(ValueError):
 
 
 def parse_source(spec: str) -> SourceSpec:
-    """`sharegpt` (packaged), a .json / .jsonl[.gz] path, or `hf:<name or dir>[:split]`."""
+    """`sharegpt` (packaged), a name of data/packaged.py's REPO_ASSETS (e.g. `smollm2_replies`),
+    a .json / .jsonl[.gz] path, or `hf:<name or dir>[:split]`."""
     if spec == "sharegpt":
         return SourceSpec("json", str(packaged_file("sharegpt")))
+    if spec in REPO_ASSETS:
+        return SourceSpec("jsonl", str(packaged_file(spec)))
     if spec.startswith("hf:"):
         location, _, split = spec[3:].partition(":")
         if not location:

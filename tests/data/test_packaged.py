@@ -19,3 +19,25 @@ def test_missing_package_names_the_pip_package(monkeypatch):
 def test_unknown_asset_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown packaged asset 'alpaca'.*sharegpt"):
         packaged_file("alpaca")
+
+
+def test_the_shipped_replies_read_as_a_source_and_match_their_manifest():
+    import gzip
+    import hashlib
+    import json
+
+    from data.packaged import REPO_ASSETS
+    from data.sources import parse_source, read_source
+    from data.tally import Tally
+
+    path = packaged_file("smollm2_replies")
+    assert path == REPO_ASSETS["smollm2_replies"]
+    manifest = json.loads(path.with_name("smollm2_sharegpt_replies.json").read_text())
+    assert (
+        hashlib.sha256(gzip.decompress(path.read_bytes())).hexdigest()
+        == manifest["shipped"]["sha256_uncompressed"]
+    )
+    tally = Tally()
+    conversations = list(read_source(parse_source("smollm2_replies"), tally))
+    assert len(conversations) == manifest["counts"]["kept"] and not tally.skipped
+    assert conversations[0].turns[1][0] == "assistant"
