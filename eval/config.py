@@ -28,6 +28,9 @@ class EvalConfig:
     # interleaved with the main one and the baselines; each gets its own per-task summary
     # (report["compare"]), so one run ranks them on equal terms.
     compare: list[str] = field(default_factory=list)
+    # Confidence heads: measure calibration on real decoding (false: skip it, keep the trained
+    # temperatures, and save the decoding it costs: e.g. when only AL and speed are wanted).
+    calibration: bool = True
     # Confidence heads: prompts per task (disjoint from the evaluated ones) whose real decoding
     # fits the per-position temperatures; the evaluated prompts then report ECE/AUROC/Brier.
     # The head with those temperatures goes to <out>/calibrated_head (the trained head directory

@@ -296,7 +296,7 @@ def evaluate(
     deepest = max(variant.draft_length for variant in variants.values())
     calibration, calibrated_dir = None, out_dir / CALIBRATED_HEAD
     shutil.rmtree(calibrated_dir, ignore_errors=True)  # a previous eval's, fitted on other settings
-    if confidence is not None and kind != "medusa":
+    if confidence is not None and kind != "medusa" and cfg.calibration:
         calibration = calibrate(
             target,
             head,

@@ -176,3 +176,10 @@ def test_the_eval_command_ends_with_the_summary_and_the_export_command(
     assert command.startswith(
         f"python -m heads.export --head {out / 'calibrated_head'} --target {tiny_target_dir}"
     )
+
+
+def test_calibration_can_be_skipped_when_only_al_is_wanted(make_job, prompts_jsonl, tmp_path):
+    run(make_job(*_eval_overrides(prompts_jsonl, "eval.calibration=false", "train.max_steps=2")))
+    report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
+    assert report["calibration"] is None and report["head"]["calibrated_dir"] is None
+    assert report["overall"]["requests"] == 4
