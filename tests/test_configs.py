@@ -62,3 +62,26 @@ def test_accelerate_accepts_every_launcher_config(path):
         import json
 
         assert json.loads(ds_file.read_text())["zero_optimization"]["stage"] in (2, 3)
+
+
+def readme_job_commands() -> list[list[str]]:
+    """The overrides of every `train/run.py` command in README.md (continued lines joined)."""
+    text = (CONF.parent / "README.md").read_text().replace("\\\n", " ")
+    commands = []
+    for line in text.splitlines():
+        if "train/run.py" not in line or line.lstrip().startswith(("#", "|")):
+            continue
+        words = line.split("#")[0].split("train/run.py", 1)[1].split()
+        commands.append([w.strip("'\"") for w in words if w not in ("--cfg", "job")])
+    return commands
+
+
+@pytest.mark.parametrize("overrides", readme_job_commands(), ids=lambda o: " ".join(o) or "default")
+def test_every_job_command_in_the_readme_composes(overrides):
+    job = _compose(overrides)
+    assert isinstance(job, JobConfig)
+
+
+def test_the_readme_commands_were_found():
+    commands = readme_job_commands()
+    assert [] in commands and ["head=eagle1"] in commands and len(commands) >= 8
