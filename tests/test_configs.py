@@ -72,7 +72,7 @@ def readme_job_commands() -> list[list[str]]:
         if "train/run.py" not in line or line.lstrip().startswith(("#", "|")):
             continue
         words = line.split("#")[0].split("train/run.py", 1)[1].split()
-        commands.append([w.strip("'\"") for w in words if w not in ("--cfg", "job")])
+        commands.append([w.replace("'", "").replace('"', "") for w in words if w not in ("--cfg", "job")])
     return commands
 
 
