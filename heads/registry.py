@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+# Heads this repository ships, one directory each (README.md inside says how each was made).
+RELEASE_DIR = Path(__file__).parent / "release"
 CONFIG_FILE = "head_config.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT_VERSION = 1

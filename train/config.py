@@ -29,8 +29,10 @@ class HeadConfig:
     # Reduced output vocabulary of EAGLE-3 (most frequent training tokens). Smaller drafts
     # faster and trains faster; too small caps acceptance (coverage is reported). 0 = full.
     draft_vocab_size: int = 16384
-    # How an EAGLE-3 head starts: random, or target_layer (its decoder layer a copy of the target
-    # layer after the highest feature layer, fc passing that feature layer through).
+    # How the head starts: random; target_layer (EAGLE-3: its decoder layer a copy of the target
+    # layer after the highest feature layer, fc passing that feature layer through); release (the
+    # head heads/release/ ships for this target and kind, else random); or a trained head's
+    # directory (warm start: its weights and draft vocabulary, then training on this job's data).
     init: str = "random"
     # EAGLE-3 layer variants (heads/eagle3.py Eagle3Variant, speculators' names), e.g.
     # head.variant.norm_before_residual=true. All off (default) is the layout SGLang, vLLM and

@@ -12,6 +12,7 @@ loss being optimised; the drafter's own is then `draft_loss`.
 
 import logging
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ from heads.draft_vocab import DraftVocab, build_draft_vocab, count_masked_tokens
 from heads.eagle1 import Eagle1Head
 from heads.eagle3 import Eagle3Head, UnrolledSteps
 from heads.medusa import MedusaHead
-from heads.registry import load_head, read_head_config
+from heads.registry import RELEASE_DIR, load_head, read_head_config
 from heads.target import Target
 from train.confidence import (
     ConfidenceTraining,
@@ -235,6 +236,18 @@ def draft_vocab_from_rows(train_rows, vocab_size: int, size: int) -> DraftVocab:
 CONFIDENCE_TRAINING = ("joint", "frozen")
 
 
+def shipped_head(target: Target, kind: str) -> Path | None:
+    """The head of `kind` that heads/release/ ships for this target (same sizes and tokenizer)."""
+    for head_dir in sorted(RELEASE_DIR.glob("*/")):
+        if (head_dir / "head_config.json").is_file() and read_head_config(head_dir)["kind"] == kind:
+            try:
+                target.check_head_dir(head_dir)
+            except ValueError:
+                continue
+            return head_dir
+    return None
+
+
 def check_confidence_config(head_cfg: HeadConfig) -> None:
     """Reject confidence settings that contradict each other, naming both keys."""
     if head_cfg.confidence_training not in CONFIDENCE_TRAINING:
@@ -264,9 +277,26 @@ def check_confidence_config(head_cfg: HeadConfig) -> None:
 
 
 def new_head(head_cfg: HeadConfig, target: Target, train_rows) -> nn.Module:
-    """A fresh head of head.kind for the target."""
-    if head_cfg.init not in ("random", "target_layer"):
-        raise ValueError(f"head.init={head_cfg.init!r}; choose random or target_layer")
+    """The head training starts from: fresh (random, target_layer) or a trained one (release: the
+    head heads/release/ ships for this target, if any; or a head directory)."""
+    init = head_cfg.init
+    if init == "release":
+        shipped = shipped_head(target, head_cfg.kind)
+        if shipped is None:
+            log.info(
+                "head.init=release: heads/release/ ships no %s head for this target; random start",
+                head_cfg.kind,
+            )
+        init = "random" if shipped is None else str(shipped)
+    if init not in ("random", "target_layer"):
+        if not (Path(init) / "head_config.json").is_file():
+            raise ValueError(
+                f"head.init={head_cfg.init!r}: choose random, target_layer, release or a trained head directory"
+            )
+        if head_cfg.variant.active():
+            raise ValueError(f"head.init={init!r} brings its own layer variant: leave head.variant unset")
+        log.info("%s head starts from the trained head in %s (its draft vocabulary too)", head_cfg.kind, init)
+        return load_trained_drafter(init, head_cfg, target, "head.init")
     if head_cfg.init == "target_layer" and head_cfg.kind != "eagle3":
         raise ValueError(f"head.init=target_layer is for EAGLE-3 heads; head.kind={head_cfg.kind!r}")
     if head_cfg.variant.active() and head_cfg.kind != "eagle3":
@@ -303,12 +333,14 @@ def new_head(head_cfg: HeadConfig, target: Target, train_rows) -> nn.Module:
 
 def load_frozen_drafter(head_cfg: HeadConfig, target: Target) -> nn.Module:
     """The trained head at head.confidence_drafter, which must be of head.kind and fit the target."""
-    path = head_cfg.confidence_drafter
+    return load_trained_drafter(head_cfg.confidence_drafter, head_cfg, target, "head.confidence_drafter")
+
+
+def load_trained_drafter(path: str, head_cfg: HeadConfig, target: Target, key: str) -> nn.Module:
+    """The trained head at `path` (named by config key `key`): of head.kind, fitting the target."""
     kind = read_head_config(path)["kind"]
     if kind != head_cfg.kind:
-        raise ValueError(
-            f"head.confidence_drafter={path!r} holds a {kind!r} head, but head.kind={head_cfg.kind!r}"
-        )
+        raise ValueError(f"{key}={path!r} holds a {kind!r} head, but head.kind={head_cfg.kind!r}")
     target.check_head_dir(path)
     return load_head(
         path,

@@ -266,7 +266,7 @@ def test_a_head_started_from_the_target_layer_trains(make_job, tmp_path):
     assert (tmp_path / "run" / "head" / "model.safetensors").is_file()
     with pytest.raises(ValueError, match="head.init=target_layer is for EAGLE-3"):
         run(make_job("head=medusa", "head.init=target_layer", run_dir=tmp_path / "medusa"))
-    with pytest.raises(ValueError, match="head.init='zeros'"):
+    with pytest.raises(ValueError, match="head.init=.zeros.: choose random, target_layer, release"):
         run(make_job("head.init=zeros", run_dir=tmp_path / "zeros"))
 
 
@@ -288,3 +288,18 @@ def test_head_snapshots_are_saved_for_learning_curves(make_job, tmp_path):
     early = load_file(snapshots / "step-3" / "model.safetensors")
     assert not torch.equal(early["fc.weight"], final["fc.weight"])
     assert (snapshots / "step-3" / "target.json").is_file()
+
+
+def test_a_head_can_start_from_a_trained_one(make_job, tmp_path, caplog):
+    caplog.set_level("INFO")
+    run(make_job("train.max_steps=2", run_dir=tmp_path / "first"))
+    first = tmp_path / "first" / "head"
+    run(make_job(f"head.init={first}", "train.max_steps=2", "train.lr=0", run_dir=tmp_path / "warm"))
+    start, end = load_file(first / "model.safetensors"), head_weights(tmp_path / "warm")
+    assert start.keys() == end.keys() and all(torch.equal(start[k], end[k]) for k in start)  # lr 0: unchanged
+    run(make_job("head.init=release", "train.max_steps=1", run_dir=tmp_path / "release"))
+    assert "heads/release/ ships no eagle3 head for this target; random start" in caplog.text
+    with pytest.raises(ValueError, match="holds a 'eagle3' head, but head.kind='medusa'"):
+        run(make_job("head=medusa", f"head.init={first}", run_dir=tmp_path / "medusa"))
+    with pytest.raises(ValueError, match="a trained head directory"):
+        run(make_job(f"head.init={tmp_path / 'nowhere'}", run_dir=tmp_path / "bad"))
