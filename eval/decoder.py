@@ -229,8 +229,9 @@ def _check_confidence(drafting: Drafting, confidence: ConfidenceHead | None) -> 
         raise ValueError(
             f"drafting={drafting!r} ranks drafts by confidence: pass the decoder confidence=<ConfidenceHead>"
         )
-    if confidence is not None and isinstance(drafting, (MedusaTreeDrafting, NgramDrafting)):
-        raise ValueError(f"{type(drafting).__name__} does not use a confidence head: leave confidence=None")
+    blind = {MedusaTreeDrafting: "the static Medusa tree", NgramDrafting: "n-gram drafting"}
+    if confidence is not None and type(drafting) in blind:
+        raise ValueError(f"{blind[type(drafting)]} does not use a confidence head: leave confidence=None")
 
 
 @dataclass
