@@ -46,6 +46,7 @@ class RegenerateConfig:
     seed: int = 0
     # The target's dtype while it regenerates; null = target.dtype. bfloat16 decodes a 64-row
     # batch ~2x faster on CPUs with AMX (BENCHMARKS.md); the replies are then the bf16 target's.
+    # auto = bfloat16 where it runs natively (heads.target.native_bf16), else target.dtype.
     dtype: str | None = None
 
     def validate(self) -> None:
@@ -57,9 +58,9 @@ class RegenerateConfig:
             raise ValueError(f"data.regenerate.top_p={self.top_p}: expected a value in (0, 1]")
         if self.batch_size < 1:
             raise ValueError(f"data.regenerate.batch_size={self.batch_size}: expected at least 1")
-        if self.dtype not in (None, "float32", "bfloat16", "float16"):
+        if self.dtype not in (None, "auto", "float32", "bfloat16", "float16"):
             raise ValueError(
-                f"data.regenerate.dtype={self.dtype!r}: expected null, float32, bfloat16 or float16"
+                f"data.regenerate.dtype={self.dtype!r}: expected null, auto, float32, bfloat16 or float16"
             )
 
 

@@ -46,7 +46,8 @@ def test_unknown_keys_and_wrong_types_are_rejected():
 
 @pytest.mark.parametrize("path", sorted(CONF.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONF)))
 def test_every_yaml_opens_with_the_command_that_uses_it(path):
-    first = path.read_text().splitlines()[0]
+    lines = path.read_text().splitlines()
+    first = lines[1] if lines[0].startswith("# @package") else lines[0]  # Hydra wants @package first
     assert first.startswith("# ") and ("train/run.py" in first or "eval/run.py" in first), first
 
 
@@ -85,3 +86,9 @@ def test_every_job_command_in_the_readme_composes(overrides):
 def test_the_readme_commands_were_found():
     commands = readme_job_commands()
     assert [] in commands and ["head=eagle1"] in commands and len(commands) >= 8
+
+
+def test_the_cpu_recipe_sets_data_and_training_together():
+    job = _compose(["train=cpu_recipe"])
+    assert job.data.regenerate.enabled and job.data.max_conversations == 640 and job.data.max_length == 1024
+    assert job.train.hidden_states == "offline" and job.train.snapshot_every == 50

@@ -71,7 +71,7 @@ def run(job: JobConfig) -> dict:
     """Run the configured stages; returns what each produced (paths, summaries)."""
     from data.prepare import data_cache_root, default_out_dir, prepare_dataset, select_conversations
     from data.regenerate import regenerate_data
-    from heads.target import Target
+    from heads.target import Target, native_bf16
     from train.trainer import make_accelerator, train
 
     check_stages(job.stages)
@@ -88,6 +88,8 @@ def run(job: JobConfig) -> dict:
     data_cfg = job.data
     if data_cfg.regenerate.enabled:
         dtype = data_cfg.regenerate.dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if native_bf16(target.device) else None
         writer = (
             target if dtype in (None, job.target.dtype) else Target.load(replace(job.target, dtype=dtype))
         )

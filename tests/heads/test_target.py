@@ -150,3 +150,13 @@ def test_corrupted_cache_is_rebuilt(smollm2_cfg, tmp_path):
     assert rebuilt == copy
     recorded = json.loads((rebuilt / SOURCE).read_text())["weights"][weights.name]
     assert _sha256(weights) == recorded != corrupted
+
+
+def test_native_bf16_follows_the_cpu_flags(monkeypatch):
+    import heads.target as target_module
+
+    monkeypatch.setattr(target_module, "cpu_flags", lambda: {"avx2", "avx512f"})
+    assert not target_module.native_bf16(torch.device("cpu"))
+    monkeypatch.setattr(target_module, "cpu_flags", lambda: {"avx512f", "amx_bf16"})
+    assert target_module.native_bf16(torch.device("cpu"))
+    assert isinstance(target_module.cpu_flags(), set)
