@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from data.chat_template import ChatEncoder, TokenisedConversation, chat_template_hash
 from data.conversations import Conversation, normalise_all
+from data.packaged import REPO_ASSETS
 from data.regenerate import RegenerateConfig
 from data.sources import parse_source, read_source, source_fingerprint
 from data.tally import Tally, report_short_selection
@@ -192,6 +193,20 @@ def _split(rows: list[TokenisedConversation], cfg: DataConfig) -> tuple[list, li
     return [rows[i] for i in order[n_validation:]], validation
 
 
+def check_written_for(spec: str, tokenizer_sha256: str) -> None:
+    """A shipped set of a target's own replies (data/assets/) trains a drafter for that target
+    only: refuse it, by name, for a target with another tokenizer."""
+    if spec not in REPO_ASSETS:
+        return
+    manifest = json.loads(REPO_ASSETS[spec].with_suffix("").with_suffix(".json").read_text())
+    writer = manifest["key"]["target"]
+    if writer["tokenizer_hash"] != tokenizer_sha256:
+        raise ValueError(
+            f"data.sources entry {spec!r} holds the replies of {writer['name']}, written for its "
+            "tokenizer; this target's differs: use data=sharegpt, or data=sharegpt_regenerated for its own replies"
+        )
+
+
 def prepare_dataset(cfg: DataConfig, tokenizer, out_dir: Path) -> PreparedData:
     """Prepare (or reuse) the tokenised training data for `tokenizer` in out_dir."""
     if not isinstance(cfg, DataConfig):
@@ -201,6 +216,8 @@ def prepare_dataset(cfg: DataConfig, tokenizer, out_dir: Path) -> PreparedData:
     cfg.validate()
     out_dir = Path(out_dir)
     sources = [parse_source(spec) for spec in cfg.sources]
+    for spec in cfg.sources:
+        check_written_for(spec, tokenizer_hash(tokenizer))
     encoder = ChatEncoder(tokenizer, max_length=cfg.max_length)
     manifest = {
         "format": MANIFEST_FORMAT,

@@ -176,3 +176,16 @@ def test_summary_reports_skipped_content_parts(tmp_path, smollm2_tokenizer):
     )
     assert prepared.manifest["counts"]["kept"] == 3
     assert "skipped content parts: 3 'image_url' (only text parts are trained on)" in prepared.summary()
+
+
+def test_the_shipped_replies_train_only_the_target_that_wrote_them(tmp_path, smollm2_tokenizer):
+    from tests.helpers import tiny_tokenizer
+
+    with pytest.raises(ValueError, match="holds the replies of smollm2-135m-instruct"):
+        prepare_dataset(DataConfig(sources=["smollm2_replies"]), tiny_tokenizer(128), tmp_path / "other")
+    prepared = prepare_dataset(
+        DataConfig(sources=["smollm2_replies"], max_conversations=20, max_length=256),
+        smollm2_tokenizer,
+        tmp_path / "ok",
+    )
+    assert len(prepared.train) + len(prepared.validation) == prepared.manifest["counts"]["kept"] > 15
