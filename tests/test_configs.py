@@ -92,3 +92,4 @@ def test_the_cpu_recipe_sets_data_and_training_together():
     job = _compose(["train=cpu_recipe"])
     assert job.data.regenerate.enabled and job.data.max_conversations == 640 and job.data.max_length == 1024
     assert job.train.hidden_states == "offline" and job.train.snapshot_every == 50
+    assert job.head.init == "random" and _compose([]).head.init == "release"
