@@ -84,6 +84,18 @@ def verify_chain_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor)
     return Verdict(accept_len, next_token)
 
 
+def _at_stop(
+    target_probs: torch.Tensor, draft_probs: torch.Tensor, accept_len: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target and draft distributions [B, V] at each row's stop position accept_len [B].
+    A zero draft row at K + 1 makes the stop after the last draft uniform: the bonus token has
+    nothing to subtract."""
+    batch, _, vocab = draft_probs.shape
+    stop_row = accept_len.view(batch, 1, 1).expand(batch, 1, vocab)
+    padded_draft = torch.nn.functional.pad(draft_probs, (0, 0, 0, 1))  # [B, K + 1, V]
+    return target_probs.gather(1, stop_row).squeeze(1), padded_draft.gather(1, stop_row).squeeze(1)
+
+
 def verify_chain_sampling(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
@@ -104,11 +116,7 @@ def verify_chain_sampling(
     accepted = coins * draft_token_probs < target_token_probs  # u < p / q without dividing
     accept_len = accepted.long().cumprod(dim=-1).sum(dim=-1)  # [B]
 
-    stop_row = accept_len.view(batch, 1, 1).expand(batch, 1, vocab)
-    target_at_stop = target_probs.gather(1, stop_row).squeeze(1)  # [B, V]
-    # A zero draft row at K + 1 makes the stop position uniform: the bonus has nothing to subtract.
-    padded_draft = torch.nn.functional.pad(draft_probs, (0, 0, 0, 1))  # [B, K + 1, V]
-    draft_at_stop = padded_draft.gather(1, stop_row).squeeze(1)
+    target_at_stop, draft_at_stop = _at_stop(target_probs, draft_probs, accept_len)
     rejected = (accept_len < num_drafts).unsqueeze(1)
     corrected = normalise(residual(target_at_stop, draft_at_stop), fallback=target_at_stop)
     next_probs = torch.where(rejected, corrected, target_at_stop)
@@ -153,10 +161,7 @@ def verify_chain_block(
     depth = torch.arange(1, num_drafts + 1, device=draft_probs.device).expand(batch, num_drafts)
     accept_len = torch.where(coins <= stop_chance, depth, torch.zeros_like(depth)).amax(dim=1)  # [B]
 
-    stop_row = accept_len.view(batch, 1, 1).expand(batch, 1, vocab)
-    target_at_stop = target_probs.gather(1, stop_row).squeeze(1)  # [B, V]
-    padded_draft = torch.nn.functional.pad(draft_probs, (0, 0, 0, 1))  # [B, K + 1, V]: 0 past the drafts
-    draft_at_stop = padded_draft.gather(1, stop_row).squeeze(1)
+    target_at_stop, draft_at_stop = _at_stop(target_probs, draft_probs, accept_len)
     scale = weight.gather(1, accept_len.unsqueeze(1)) if residual_weight else torch.ones(batch, 1)
     next_probs = normalise((scale * target_at_stop - draft_at_stop).clamp_min(0), fallback=target_at_stop)
     return Verdict(accept_len, sample(next_probs, generator))
