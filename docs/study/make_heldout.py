@@ -1,6 +1,8 @@
 """Held-out chat prompts for the recipe study: first user turns of ShareGPT conversations
 16,000-16,199 (never regenerated or trained on), at most 300 tokens, as an EvalPrompt JSONL."""
+
 import json
+
 from data.prepare import DataConfig, select_conversations
 from data.tally import Tally
 from heads.target import TargetConfig, load_tokenizer
