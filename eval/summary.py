@@ -11,7 +11,8 @@ from pathlib import Path
 
 from eval.report import greedy_check, speculation_verdict
 
-LONGER_RECIPE = "accelerate launch train/run.py train=recipe data=sharegpt_regenerated"
+# The longer run on the target's own replies: ~80 minutes on a 2-core CPU (BENCHMARKS.md).
+LONGER_RECIPE = "accelerate launch train/run.py train=cpu_recipe run_dir=outputs/cpu_recipe"
 
 
 def speedup_table(report: dict) -> list[str]:
@@ -44,7 +45,10 @@ def next_command(report: dict, exports: Sequence[Path] | None, export_command: s
     """What to do next: train further where speculation does not pay, else serve or export."""
     costs = report["costs"]
     if costs and report["overall"]["acceptance_length"] <= costs["break_even_acceptance_length"]:
-        return f"a longer run on the target's own replies (tens of minutes on a GPU): {LONGER_RECIPE}"
+        return (
+            f"a longer run on more of the target's own replies (~80 min on a 2-core CPU): {LONGER_RECIPE}; "
+            "on a CPU, also try prompt lookup: eval.compare=[ngram:4]"
+        )
     if exports:
         return f"serve it: {Path(exports[0]) / 'README.md'} holds the engine's command"
     return f"export it: {export_command}"

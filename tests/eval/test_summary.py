@@ -34,7 +34,7 @@ def test_summary_of_a_slow_head_says_so_and_points_to_a_longer_run():
     report["costs"]["break_even_acceptance_length"] = 2.5
     text = closing_summary(report, REPORT, next_command(report, None, "python -m heads.export ..."))
     assert "speculation does not pay on this machine: AL 1.70 against a break-even of 2.50" in text
-    assert "next     a longer run" in text and "train=recipe" in text
+    assert "next     a longer run" in text and "train=cpu_recipe" in text and "ngram:4" in text
     assert "exports" not in text and "export gate" not in text
     assert gate_decision(report, 2.0).startswith("export gate: FORCED")
 
