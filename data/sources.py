@@ -21,6 +21,7 @@ from typing import Any, TextIO
 
 from data.packaged import REPO_ASSETS, packaged_file
 from data.tally import Tally
+from heads.target import sha256_file
 
 CHUNK_CHARS = 1 << 20  # streaming read size; a record may span any number of chunks
 SCHEMAS = {"conversations": ("from", "value"), "messages": ("role", "content")}
@@ -81,23 +82,15 @@ def source_fingerprint(source: SourceSpec) -> str:
     """sha256 of a source's bytes (a file, or every file of a dataset directory), for cache reuse."""
     path = Path(source.location)
     if path.is_file():
-        return _sha256_file(path)
+        return sha256_file(path)
     if path.is_dir():
         digest = hashlib.sha256()
         for file in sorted(p for p in path.rglob("*") if p.is_file()):
-            digest.update(f"{file.relative_to(path)}\0{_sha256_file(file)}\n".encode())
+            digest.update(f"{file.relative_to(path)}\0{sha256_file(file)}\n".encode())
         return digest.hexdigest()
     if source.kind == "hf":
         return _load_hf(source.location, source.split)._fingerprint
     raise ValueError(f"{path}: no such file")
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK_CHARS), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def open_text(path: Path) -> TextIO:

@@ -109,7 +109,7 @@ def verify_chain_sampling(
     distributions are after the same logits processing. `residual` is injectable only so a
     test can show that a wrong rule is caught.
     """
-    batch, num_drafts, vocab = draft_probs.shape
+    num_drafts = draft_probs.shape[1]
     draft_token_probs = pick(draft_probs, draft_tokens)  # [B, K]
     target_token_probs = pick(target_probs[:, :num_drafts], draft_tokens)  # [B, K]
     coins = torch.rand(draft_token_probs.shape, generator=generator, device=draft_probs.device)
@@ -141,7 +141,7 @@ def verify_chain_block(
     which for tau = K is Mb_{K+1} itself. Shapes as `verify_chain_sampling`. residual_weight
     False drops p_tau from the residual: only so that a test can show a wrong rule is caught.
     """
-    batch, num_drafts, vocab = draft_probs.shape
+    batch, num_drafts, _ = draft_probs.shape
     if num_drafts == 0:  # nothing to judge: the target's own token
         return Verdict(draft_tokens.new_zeros(batch), sample(target_probs[:, 0], generator))
     ratio = pick(target_probs[:, :num_drafts], draft_tokens) / pick(draft_probs, draft_tokens)  # [B, K]
@@ -162,7 +162,7 @@ def verify_chain_block(
     accept_len = torch.where(coins <= stop_chance, depth, torch.zeros_like(depth)).amax(dim=1)  # [B]
 
     target_at_stop, draft_at_stop = _at_stop(target_probs, draft_probs, accept_len)
-    scale = weight.gather(1, accept_len.unsqueeze(1)) if residual_weight else torch.ones(batch, 1)
+    scale = weight.gather(1, accept_len.unsqueeze(1)) if residual_weight else torch.ones(batch, 1, device=weight.device)
     next_probs = normalise((scale * target_at_stop - draft_at_stop).clamp_min(0), fallback=target_at_stop)
     return Verdict(accept_len, sample(next_probs, generator))
 

@@ -105,7 +105,8 @@ def cache_root(cfg: TargetConfig) -> Path:
     return Path(root)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """sha256 of a file, read in 1 MiB blocks (model weights do not fit in memory twice)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -172,7 +173,7 @@ def _convert_gguf(gguf: Path, gguf_sha256: str, out_dir: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    weights = {p.name: _sha256(p) for p in sorted(tmp.glob("*.safetensors"))}
+    weights = {p.name: sha256_file(p) for p in sorted(tmp.glob("*.safetensors"))}
     (tmp / SOURCE).write_text(json.dumps({"gguf": str(gguf), "sha256": gguf_sha256, "weights": weights}))
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
@@ -189,7 +190,7 @@ def _cache_is_valid(out_dir: Path, gguf_sha256: str | None) -> bool:
         return False
     for name, digest in recorded.get("weights", {}).items():
         path = out_dir / name
-        if not path.is_file() or _sha256(path) != digest:
+        if not path.is_file() or sha256_file(path) != digest:
             log.warning(
                 "cached model %s: %s is missing or corrupted (sha256 mismatch): rebuilding", out_dir, name
             )
@@ -219,7 +220,7 @@ def resolve_model_dir(cfg: TargetConfig) -> str:
     if _cache_is_valid(out_dir, expected):
         return str(out_dir)
     check_gguf_complete(gguf)
-    actual = _sha256(gguf)
+    actual = sha256_file(gguf)
     if expected is not None and actual != expected:
         raise ValueError(f"{gguf}: sha256 {actual} does not match the expected {expected}")
     _convert_gguf(gguf, actual, out_dir)

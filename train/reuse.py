@@ -13,24 +13,18 @@ import json
 import logging
 from pathlib import Path
 
+from heads.target import sha256_file
+
 log = logging.getLogger(__name__)
 
 STAMP = "stage.json"
-
-
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def files_digest(directory: Path) -> str:
     """sha256 over the relative names and contents of every file under directory."""
     digest = hashlib.sha256()
     for path in sorted(p for p in Path(directory).rglob("*") if p.is_file()):
-        digest.update(f"{path.relative_to(directory)}\0{file_digest(path)}\0".encode())
+        digest.update(f"{path.relative_to(directory)}\0{sha256_file(path)}\0".encode())
     return digest.hexdigest()
 
 

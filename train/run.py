@@ -161,6 +161,7 @@ def export_stage(job: JobConfig, target) -> list[str]:
     """Export the head as evaluated (with the temperatures the eval fitted, when it fitted them),
     or reuse the exports when the head, the report, the settings and the target are unchanged."""
     from heads.export import export_job
+    from heads.target import sha256_file
 
     run_dir = Path(job.run_dir)
     out_dir, report_path = run_dir / "export", run_dir / "eval" / "report.json"
@@ -170,7 +171,7 @@ def export_stage(job: JobConfig, target) -> list[str]:
     head = reuse.files_digest(head_dir)
     inputs = {
         "head": head,
-        "report": reuse.file_digest(report_path) if report_path.is_file() else None,
+        "report": sha256_file(report_path) if report_path.is_file() else None,
         "export": dataclasses.asdict(job.export),
         "draft_length": job.eval.draft_length,
         "target": target_inputs(job, target),

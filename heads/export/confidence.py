@@ -5,7 +5,6 @@ the confidence head, heads/confidence.py) gets both copied byte for byte into ev
 and the exported config's "drafter" section records their sha256.
 """
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -13,12 +12,10 @@ from typing import Any
 
 from safetensors.torch import load_file
 
+from heads.target import sha256_file
+
 CONFIDENCE_WEIGHTS = "confidence.safetensors"
 CONFIDENCE_CONFIG = "confidence_config.json"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def confidence_files(head_dir: Path) -> tuple[Path, Path] | None:
@@ -46,7 +43,7 @@ def copy_confidence(head_dir: Path, out_dir: Path) -> dict[str, Any] | None:
     return {
         "weights": CONFIDENCE_WEIGHTS,
         "config": CONFIDENCE_CONFIG,
-        "sha256": {path.name: _sha256(path) for path in files},
+        "sha256": {path.name: sha256_file(path) for path in files},
     }
 
 
@@ -58,5 +55,5 @@ def check_confidence(out_dir: Path, record: dict[str, Any] | None) -> None:
         return
     for name, digest in record["sha256"].items():
         path = out_dir / name
-        if not path.is_file() or _sha256(path) != digest:
+        if not path.is_file() or sha256_file(path) != digest:
             raise ValueError(f"{path}: missing or not the confidence file that was exported")

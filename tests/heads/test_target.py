@@ -12,10 +12,10 @@ from heads.target import (
     SOURCE,
     Target,
     TargetConfig,
-    _sha256,
     check_gguf_complete,
     embedded_gguf,
     resolve_model_dir,
+    sha256_file,
     tokenizer_hash,
 )
 from tests.helpers import tiny_llama, tiny_tokenizer
@@ -145,11 +145,11 @@ def test_corrupted_cache_is_rebuilt(smollm2_cfg, tmp_path):
     with open(weights, "r+b") as f:
         f.seek(-64, 2)
         f.write(b"\0" * 64)
-    corrupted = _sha256(weights)
+    corrupted = sha256_file(weights)
     rebuilt = Path(resolve_model_dir(TargetConfig(name=smollm2_cfg.name, cache_dir=str(tmp_path))))
     assert rebuilt == copy
     recorded = json.loads((rebuilt / SOURCE).read_text())["weights"][weights.name]
-    assert _sha256(weights) == recorded != corrupted
+    assert sha256_file(weights) == recorded != corrupted
 
 
 def test_native_bf16_follows_the_cpu_flags(monkeypatch):
