@@ -162,7 +162,11 @@ def verify_chain_block(
     accept_len = torch.where(coins <= stop_chance, depth, torch.zeros_like(depth)).amax(dim=1)  # [B]
 
     target_at_stop, draft_at_stop = _at_stop(target_probs, draft_probs, accept_len)
-    scale = weight.gather(1, accept_len.unsqueeze(1)) if residual_weight else torch.ones(batch, 1, device=weight.device)
+    scale = (
+        weight.gather(1, accept_len.unsqueeze(1))
+        if residual_weight
+        else torch.ones(batch, 1, device=weight.device)
+    )
     next_probs = normalise((scale * target_at_stop - draft_at_stop).clamp_min(0), fallback=target_at_stop)
     return Verdict(accept_len, sample(next_probs, generator))
 
