@@ -116,7 +116,9 @@ def model_card(config: dict[str, Any], engine: str, serve_hint: str, out_dir: st
     lines.append(f"| export gate | {gate_text}; forced past it: {'YES' if gate['forced'] else 'no'} |")
     if drafter["confidence"]:
         conf = drafter["confidence"]
-        lines.append(f"| confidence head | `{conf['weights']}` + `{conf['config']}` (engines ignore them) |")
+        lines.append(
+            f"| confidence head | `{conf['weights']}` + `{conf['config']}` (no engine loader reads this folder) |"
+        )
     lines += [
         "",
         "Serve:",
@@ -128,6 +130,14 @@ def model_card(config: dict[str, Any], engine: str, serve_hint: str, out_dir: st
         "The weights were reloaded from this directory with the engine's published layout and",
         "gave the same logits as the trained head before the export was kept.",
     ]
+    if drafter["confidence"]:
+        lines += [
+            "",
+            "The confidence head (which drafts will survive) sits in its own folder, where engine",
+            "loaders never look: a server that uses it reads that folder with",
+            "`heads.confidence.load_confidence(<dir>/confidence, embed_weight=<target embedding>)`,",
+            "and `python -m heads.export import` brings it back beside the drafter.",
+        ]
     if gate["forced"]:
         lines += ["", "WARNING: exported with export.force=true although the eval gate refused it."]
     return "\n".join(lines) + "\n"

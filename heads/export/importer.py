@@ -10,7 +10,7 @@ from pathlib import Path
 
 from torch import nn
 
-from heads.export.confidence import copy_confidence
+from heads.export.confidence import import_confidence
 from heads.export.formats import detect_kind, layout_for
 from heads.export.layouts import TargetWeights, read_config, read_layout
 
@@ -31,5 +31,5 @@ def import_to_head_dir(
     head = import_head(path, format_name, target, kind)
     out_dir = Path(out_dir)
     head.save_pretrained(out_dir)
-    copy_confidence(Path(path), out_dir)
+    import_confidence(Path(path), out_dir)
     return out_dir

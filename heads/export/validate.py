@@ -1,6 +1,8 @@
 """Every export is read back the way its engine reads it before it is kept.
 
-Three checks, each an error naming what failed:
+Four checks, each an error naming what failed:
+  0. the directory holds no weights file but the layout's at its top level, where engine
+     loaders glob (vLLM reads every `*.safetensors` there, and stops on a stranger's keys);
   1. the files against the engine's published table (layouts.read_layout): a missing,
      unexpected, mis-shaped or mistyped key, or a config our head would be misread under;
   2. every trained tensor of the head rebuilt from the files, byte for byte against the
@@ -96,9 +98,27 @@ def check_same_logits(trained: nn.Module, rebuilt: nn.Module, where: str) -> Non
         )
 
 
+ENGINE_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")  # what loaders glob for
+
+
+def check_engine_reads_only_the_drafter(out_dir: Path, layout: Layout) -> None:
+    others = sorted(
+        path.name
+        for pattern in ENGINE_WEIGHT_PATTERNS
+        for path in out_dir.glob(pattern)
+        if path.name != layout.weights_file
+    )
+    if others:
+        raise ValueError(
+            f"{out_dir}: {others} beside {layout.weights_file}: the {layout.engine} loader would read "
+            "them as drafter weights; files an engine must not load belong in a subfolder"
+        )
+
+
 def validate_export(out_dir: Path, layout: Layout, head: nn.Module, target: TargetWeights) -> None:
     """Raise a ValueError naming the first problem with an export directory."""
     where = str(out_dir)
+    check_engine_reads_only_the_drafter(out_dir, layout)
     rebuilt = read_layout(out_dir, layout, target)
     check_same_weights(head, rebuilt, where)
     check_same_logits(head, rebuilt, where)

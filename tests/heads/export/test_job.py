@@ -11,7 +11,8 @@ from heads.draft_vocab import DraftVocab
 from heads.eagle3 import Eagle3Head, Eagle3Variant
 from heads.export import export_head, export_job, layout_for
 from heads.export.__main__ import main
-from heads.export.confidence import CONFIDENCE_CONFIG, CONFIDENCE_WEIGHTS
+from heads.export.confidence import CONFIDENCE_CONFIG, CONFIDENCE_WEIGHTS, EXPORT_FOLDER
+from heads.export.importer import import_to_head_dir
 from heads.export.layouts import CannotExpress, TargetWeights, same_bytes
 from heads.export.validate import validate_export
 from heads.registry import load_head, trained_state
@@ -122,15 +123,35 @@ def _confidence_stand_in(directory):
     (directory / CONFIDENCE_CONFIG).write_text(json.dumps({"kind": "confidence", "hidden_size": 64}))
 
 
-def test_confidence_files_travel_with_every_export(tmp_path, target):
+def test_confidence_files_travel_with_every_export_where_no_engine_loader_looks(tmp_path, target):
     head_dir, _ = _head_dir(tmp_path, target)
     _confidence_stand_in(head_dir)
     _write_report(tmp_path, overall=2.0)
     for path in export_job(_job(tmp_path), target, head_dir):
+        # vLLM globs <dir>/*.safetensors: the drafter's weights file must be the only one there.
+        assert [p.name for p in path.glob("*.safetensors")] == [layout_for("eagle3", path.name).weights_file]
         for name in (CONFIDENCE_WEIGHTS, CONFIDENCE_CONFIG):
-            assert (path / name).read_bytes() == (head_dir / name).read_bytes()
+            assert (path / EXPORT_FOLDER / name).read_bytes() == (head_dir / name).read_bytes()
         record = json.loads((path / "config.json").read_text())["drafter"]["confidence"]
-        assert set(record["sha256"]) == {CONFIDENCE_WEIGHTS, CONFIDENCE_CONFIG}
+        assert record["weights"] == f"{EXPORT_FOLDER}/{CONFIDENCE_WEIGHTS}"
+        assert set(record["sha256"]) == {
+            f"{EXPORT_FOLDER}/{n}" for n in (CONFIDENCE_WEIGHTS, CONFIDENCE_CONFIG)
+        }
+        assert f"{EXPORT_FOLDER}/{CONFIDENCE_WEIGHTS}" in (path / "README.md").read_text()
+        imported = import_to_head_dir(
+            path, path.name, TargetWeights.from_target(target), tmp_path / path.name
+        )
+        for name in (CONFIDENCE_WEIGHTS, CONFIDENCE_CONFIG):  # back beside the drafter
+            assert (imported / name).read_bytes() == (head_dir / name).read_bytes()
+
+
+def test_an_export_with_a_second_weights_file_at_its_top_is_refused(tmp_path):
+    weights = target_weights()
+    head = make_head("eagle3", weights)
+    out = export_head(head, layout_for("eagle3", "vllm"), tmp_path / "out", meta(), weights)
+    save_file({"linear.weight": torch.zeros(1, 129)}, str(out / "extra.safetensors"))
+    with pytest.raises(ValueError, match=r"\['extra.safetensors'\] beside model.safetensors"):
+        validate_export(out, layout_for("eagle3", "vllm"), head, weights)
 
 
 def test_a_tampered_or_half_confidence_head_is_caught(tmp_path):
@@ -143,7 +164,7 @@ def test_a_tampered_or_half_confidence_head_is_caught(tmp_path):
         export_head(head, layout_for("eagle3", "vllm"), tmp_path / "out", meta(), weights, head_dir)
     _confidence_stand_in(head_dir)
     out = export_head(head, layout_for("eagle3", "vllm"), tmp_path / "out", meta(), weights, head_dir)
-    save_file({"weight": torch.zeros(1, 129)}, str(out / CONFIDENCE_WEIGHTS))
+    save_file({"weight": torch.zeros(1, 129)}, str(out / EXPORT_FOLDER / CONFIDENCE_WEIGHTS))
     with pytest.raises(ValueError, match="not the confidence file that was exported"):
         validate_export(out, layout_for("eagle3", "vllm"), head, weights)
 
