@@ -71,42 +71,49 @@ def chats_jsonl(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture
-def make_job(tiny_target_dir, chats_jsonl, tmp_path):
+def compose_job(target_dir: Path, chats: Path, cache_dir: Path, run_dir: Path, *overrides: str):
     """A JobConfig for the tiny target (any override as on the command line)."""
-
     from train.config import register_configs
 
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(
+            config_name="config",
+            overrides=[
+                f"target.name={target_dir}",
+                "target.device=cpu",
+                f"data.sources=[{chats}]",
+                "data.max_conversations=null",
+                "data.max_length=96",
+                "data.val_fraction=0.1",
+                f"data.cache_dir={cache_dir}",
+                "head.layer_ids=[0,1,2]",
+                "head.draft_vocab_size=512",
+                "train.ttt_steps=3",
+                "train.batch_size=2",
+                "train.max_steps=6",
+                "train.warmup_steps=2",
+                "train.log_every=2",
+                "train.val_every=3",
+                "train.val_batches=2",
+                "train.checkpoint_every=3",
+                "train.loss_chunk_tokens=64",
+                "wandb.mode=disabled",
+                "stages=[prepare,train]",
+                f"run_dir={run_dir}",
+                *overrides,
+            ],
+        )
+    return OmegaConf.to_object(cfg)
+
+
+@pytest.fixture
+def make_job(tiny_target_dir, chats_jsonl, tmp_path):
+    """compose_job in this test's tmp_path."""
+
     def make(*overrides: str, run_dir: Path | None = None):
-        register_configs()
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            cfg = compose(
-                config_name="config",
-                overrides=[
-                    f"target.name={tiny_target_dir}",
-                    "target.device=cpu",
-                    f"data.sources=[{chats_jsonl}]",
-                    "data.max_conversations=null",
-                    "data.max_length=96",
-                    "data.val_fraction=0.1",
-                    f"data.cache_dir={tmp_path / 'data_cache'}",
-                    "head.layer_ids=[0,1,2]",
-                    "head.draft_vocab_size=512",
-                    "train.ttt_steps=3",
-                    "train.batch_size=2",
-                    "train.max_steps=6",
-                    "train.warmup_steps=2",
-                    "train.log_every=2",
-                    "train.val_every=3",
-                    "train.val_batches=2",
-                    "train.checkpoint_every=3",
-                    "train.loss_chunk_tokens=64",
-                    "wandb.mode=disabled",
-                    "stages=[prepare,train]",
-                    f"run_dir={run_dir or tmp_path / 'run'}",
-                    *overrides,
-                ],
-            )
-        return OmegaConf.to_object(cfg)
+        return compose_job(
+            tiny_target_dir, chats_jsonl, tmp_path / "data_cache", run_dir or tmp_path / "run", *overrides
+        )
 
     return make

@@ -99,6 +99,9 @@ class TrainConfig:
     snapshot_every: int = 0
     # auto: continue from the newest checkpoint in run_dir; never: start fresh; or a path.
     resume: str = "auto"
+    # Checkpoint and stop at this step (0 = run to max_steps), keeping max_steps' schedule: a
+    # long run split over time-limited machines; the same command without it goes on.
+    stop_at_step: int = 0
     # Stop after this many consecutive non-finite losses (each one skips its step).
     max_bad_steps: int = 3
 

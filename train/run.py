@@ -72,7 +72,7 @@ def run(job: JobConfig) -> dict:
     from data.prepare import data_cache_root, default_out_dir, prepare_dataset, select_conversations
     from data.regenerate import regenerate_data
     from heads.target import Target, native_bf16
-    from train.trainer import make_accelerator, train
+    from train.trainer import make_accelerator, train, whole_target_weights
 
     check_stages(job.stages)
     run_dir = Path(job.run_dir)
@@ -84,15 +84,17 @@ def run(job: JobConfig) -> dict:
             init_kwargs=wandb_init_kwargs(job),
         )
     results: dict = {}
-    target = Target.load(job.target)
+    with whole_target_weights(accelerator):
+        target = Target.load(job.target)
     data_cfg = job.data
     if data_cfg.regenerate.enabled:
         dtype = data_cfg.regenerate.dtype
         if dtype == "auto":
             dtype = "bfloat16" if native_bf16(target.device) else None
-        writer = (
-            target if dtype in (None, job.target.dtype) else Target.load(replace(job.target, dtype=dtype))
-        )
+        with whole_target_weights(accelerator):
+            writer = (
+                target if dtype in (None, job.target.dtype) else Target.load(replace(job.target, dtype=dtype))
+            )
         data_cfg = regenerate_data(
             data_cfg,
             lambda tally: select_conversations(job.data, tally),
@@ -108,7 +110,18 @@ def run(job: JobConfig) -> dict:
         print(prepared.summary(), flush=True)
     results["data_dir"] = str(prepared.out_dir)
     if "train" in job.stages:
-        results["head_dir"] = str(train(job, accelerator, target, prepared.train, prepared.validation))
+        head_dir = train(job, accelerator, target, prepared.train, prepared.validation)
+        if head_dir is None:  # stopped at train.stop_at_step: no head yet to evaluate or export
+            accelerator.end_training()
+            if accelerator.is_main_process:
+                print(
+                    f"train: stopped at train.stop_at_step={job.train.stop_at_step} of "
+                    f"{job.train.max_steps}, checkpointed in {run_dir / 'checkpoints'}; the same "
+                    "command without train.stop_at_step resumes there",
+                    flush=True,
+                )
+            return results
+        results["head_dir"] = str(head_dir)
     if accelerator.is_main_process and "eval" in job.stages:
         results["eval_report"] = eval_stage(job, target, log_eval(accelerator))
     if accelerator.is_main_process and "export" in job.stages:

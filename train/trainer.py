@@ -6,13 +6,14 @@ objective → backward → clip → step. Metrics stay on the device and are rea
 `log_every` steps, then logged for every step in between.
 """
 
+import copy
 import json
 import logging
 import math
 import os
 import shutil
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -83,18 +84,46 @@ class FeatureSource:
 def make_accelerator(job: JobConfig) -> Accelerator:
     from accelerate.utils import InitProcessGroupKwargs
 
-    cpu = not torch.cuda.is_available() or job.target.device == "cpu"
+    on_cpu = not torch.cuda.is_available() or job.target.device == "cpu"
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    # accelerate drops DeepSpeed without a word when cpu=True; DeepSpeed's own CPU accelerator
+    # then places everything on the CPU.
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
     # gloo on CPU ranks: without it DeepSpeed ranks each believe they are rank 0 of 1.
-    handlers = [InitProcessGroupKwargs(backend="gloo")] if cpu and launched else []
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if on_cpu and launched else []
     return Accelerator(
-        cpu=cpu,
+        cpu=on_cpu and not deepspeed,
         mixed_precision="bf16" if job.train.precision == "bf16" else "no",
         gradient_accumulation_steps=job.train.grad_accum,
         log_with="wandb" if job.wandb.mode != "disabled" else None,
         project_dir=job.run_dir,
         kwargs_handlers=handlers,
     )
+
+
+def fill_deepspeed_config(accelerator: Accelerator, cfg) -> None:
+    """The DeepSpeed "auto" values accelerate fills only from a dataloader, which we don't
+    pass it (rows come from BatchPlan), from train.* instead; a number set in the file wins."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return
+    config = plugin.deepspeed_config
+    offload = (config.get("zero_optimization", {}).get("offload_optimizer") or {}).get("device", "none")
+    if offload != "none":
+        # Measured with deepspeed 0.19.8: the offloaded torch AdamW saves its step count as an int,
+        # which never advances after a resume, so a resumed run's weights drift from an
+        # uninterrupted one's.
+        raise ValueError(
+            f"DeepSpeed config: zero_optimization.offload_optimizer.device={offload!r} with our torch "
+            "AdamW resumes to wrong weights (Adam's step count stops advancing); remove "
+            "offload_optimizer (a drafter head's optimizer state is small)"
+        )
+    for key, value in (
+        ("train_micro_batch_size_per_gpu", cfg.batch_size),
+        ("gradient_clipping", cfg.grad_clip),
+    ):
+        if config.get(key, "auto") == "auto":
+            config[key] = value
 
 
 def train(
@@ -104,8 +133,9 @@ def train(
     train_rows,
     val_rows,
     objective: Objective | None = None,
-) -> Path:
-    """Train the head described by job.head; returns the directory of the saved head."""
+) -> Path | None:
+    """Train the head described by job.head; returns the directory of the saved head, or None
+    when the run stopped at train.stop_at_step (checkpointed, to be resumed)."""
     cfg = job.train
     if cfg.hidden_states not in ("online", "offline"):
         raise ValueError(f"train.hidden_states={cfg.hidden_states!r}; choose online or offline")
@@ -113,6 +143,8 @@ def train(
         raise ValueError(f"train.precision={cfg.precision!r}; choose fp32 or bf16")
     if cfg.snapshot_every < 0:
         raise ValueError(f"train.snapshot_every={cfg.snapshot_every}: expected 0 (never) or a step count")
+    if not 0 <= cfg.stop_at_step <= cfg.max_steps:
+        raise ValueError(f"train.stop_at_step={cfg.stop_at_step}: expected 0 (never) up to train.max_steps")
     run_dir = Path(job.run_dir)
     torch.manual_seed(cfg.seed)
     objective = objective or build_objective(job.head, target, train_rows, cfg)
@@ -120,7 +152,18 @@ def train(
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     scheduler = cosine_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps)
     layer_ids, head_args = objective.layer_ids, objective.head_args()
+    fill_deepspeed_config(accelerator, cfg)
+    # ZeRO-3 partitions the module's own parameters in place: keep a whole copy to save into.
+    whole = copy.deepcopy(objective) if zero3(accelerator) else None
     model, optimizer = accelerator.prepare(objective, optimizer)
+    if whole is not None:
+        from deepspeed.runtime.zero import register_external_parameter
+
+        # The losses read weights outside their modules' forwards (lm_head.weight in the fused
+        # KL, the confidence head's L2): ZeRO-3 must gather them for the whole objective's
+        # forward and backward, not only around their own module's.
+        for param in objective.parameters():
+            register_external_parameter(objective, param)
     accelerator.register_for_checkpointing(scheduler)
 
     state = TrainerState(0, 0, 0, job.head.kind, head_args, asdict(job))
@@ -152,7 +195,8 @@ def train(
     pending: list[dict[str, torch.Tensor]] = []  # per-step metrics, still on the device
     tick, tokens_at_tick = time.perf_counter(), state.tokens
     bar = tqdm(total=cfg.max_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process)
-    while state.step < cfg.max_steps:
+    last_step = cfg.stop_at_step or cfg.max_steps
+    while state.step < last_step:
         model.train()
         accelerator.step = 0  # micro-batch counter of accelerate's accumulate(): one optimizer step
         step_tokens = torch.zeros((), device=accelerator.device)
@@ -196,7 +240,7 @@ def train(
                 "lr": torch.tensor(scheduler.get_last_lr()[0]),
             }
         )
-        if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
+        if state.step % cfg.log_every == 0 or state.step == last_step:
             rows_logged = _flush(pending)
             state.tokens += int(sum(r["tokens"] for r in rows_logged))
             elapsed = time.perf_counter() - tick
@@ -214,15 +258,20 @@ def train(
             accelerator.log(val, step=state.step)
             if accelerator.is_main_process:
                 record_validation(run_dir / VAL_METRICS, state, val)
-        if state.step % cfg.checkpoint_every == 0 or state.step == cfg.max_steps:
+        if state.step % cfg.checkpoint_every == 0 or state.step == last_step:
             save_checkpoint(accelerator, run_dir / "checkpoints", state)
-        if cfg.snapshot_every and state.step % cfg.snapshot_every == 0 and accelerator.is_main_process:
-            save_snapshot(accelerator.unwrap_model(model), target, run_dir / SNAPSHOTS / f"step-{state.step}")
+        if cfg.snapshot_every and state.step % cfg.snapshot_every == 0:
+            trained = trained_objective(accelerator, model, whole)
+            if accelerator.is_main_process:
+                save_snapshot(trained, target, run_dir / SNAPSHOTS / f"step-{state.step}")
     bar.close()
-    accelerator.log({"train/rank_weight_spread": weight_spread(accelerator, params)}, step=state.step)
+    if state.step < cfg.max_steps:  # stopped at train.stop_at_step
+        return None
+    if not zero3(accelerator):  # ZeRO-3 ranks hold different shards, not copies
+        accelerator.log({"train/rank_weight_spread": weight_spread(accelerator, params)}, step=state.step)
     head_dir = run_dir / "head"
+    objective = trained_objective(accelerator, model, whole)
     if accelerator.is_main_process:
-        objective = accelerator.unwrap_model(model)
         if objective.confidence is not None and not len(val_rows):
             log.info("no validation split (data.val_fraction=0): confidence temperatures left at 1")
         elif objective.confidence is not None:
@@ -233,6 +282,38 @@ def train(
         target.save_identity(head_dir)
     accelerator.wait_for_everyone()
     return head_dir
+
+
+def zero3(accelerator: Accelerator) -> bool:
+    plugin = accelerator.state.deepspeed_plugin
+    return plugin is not None and plugin.zero_stage == 3
+
+
+def trained_objective(accelerator: Accelerator, model, whole: Objective | None) -> Objective:
+    """The objective with every trained weight in place, on the main process. Under ZeRO-3 the
+    shards are gathered into `whole` (collective: every rank calls this)."""
+    if whole is None:
+        return accelerator.unwrap_model(model)
+    state = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        whole.load_state_dict(state)
+    return whole
+
+
+@contextmanager
+def whole_target_weights(accelerator: Accelerator):
+    """Load the frozen target inside this: while a ZeRO-3 config is registered, transformers
+    partitions every model it loads (a target of vocab 0 on every rank)."""
+    if not zero3(accelerator):
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        accelerator.state.deepspeed_plugin.set_deepspeed_weakref()
 
 
 def save_snapshot(objective, target: Target, head_dir: Path) -> None:
@@ -310,10 +391,13 @@ def validate(model, features: FeatureSource, val_rows, cfg, pad_id: int) -> dict
     return {f"val/{k}": float(v) / max(batches, 1) for k, v in totals.items()}
 
 
+RESUME_MAY_CHANGE = {"train.stop_at_step"}  # settings meant to differ between a run's launches
+
+
 def _warn_overrides(saved: dict, current: dict, prefix: str = "") -> None:
     for key in sorted(set(saved) | set(current)):
         a, b = saved.get(key), current.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             _warn_overrides(a, b, f"{prefix}{key}.")
-        elif a != b:
+        elif a != b and f"{prefix}{key}" not in RESUME_MAY_CHANGE:
             log.warning("resume: %s%s was %r in the checkpoint, now %r", prefix, key, a, b)

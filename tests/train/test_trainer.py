@@ -5,6 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.train.runs import expected_tokens, wandb_history
 from train.run import run
 
 
@@ -155,41 +156,6 @@ def test_a_failed_checkpoint_write_leaves_the_previous_one_valid(make_job, tmp_p
     assert latest is not None and latest.name == "step_00000003"
 
 
-def wandb_history(run_dir: Path) -> list[dict]:
-    """Every logged row of the run's offline W&B log, read back with wandb's own reader."""
-    import json
-    import subprocess
-    import sys
-
-    (offline,) = (run_dir / "wandb").glob("offline-run-*")
-    out = subprocess.run(
-        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(offline)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout
-    records = [json.loads(line) for line in out.splitlines() if line.strip()]
-    return [r["history"]["item"] for r in records if r["type"] == "history"]
-
-
-def expected_tokens(job, world: int, steps: int) -> list[int]:
-    """Non-pad tokens each optimizer step consumes, summed over ranks."""
-    import json
-
-    from datasets import load_from_disk
-
-    from train.batches import BatchPlan
-
-    data_dir = json.loads((Path(job.run_dir) / "results.json").read_text())["data_dir"]
-    train_rows = load_from_disk(str(Path(data_dir) / "dataset"))["train"]
-    plan = BatchPlan(len(train_rows), job.train.batch_size, job.train.grad_accum, world, job.train.seed)
-    return [
-        sum(len(train_rows[i]["input_ids"]) for rank in range(world) for i in plan.rows(step, 0, rank))
-        for step in range(steps)
-    ]
-
-
 def test_wandb_offline_run_holds_the_training_metrics(make_job, tmp_path):
     job = make_job("wandb.mode=offline", "train.max_steps=4")
     run(job)
@@ -207,45 +173,6 @@ def test_wandb_offline_run_holds_the_training_metrics(make_job, tmp_path):
         assert all(key in r for r in train_rows), key
     assert any("val/acc_0" in r for r in history)
     assert [r["train/tokens"] for r in train_rows] == expected_tokens(job, world=1, steps=4)
-
-
-def test_two_cpu_processes_stay_in_sync_and_count_tokens_over_both_ranks(make_job, tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    job = make_job("wandb.mode=offline", "train.max_steps=2", "train.checkpoint_every=100")
-    root = Path(__file__).resolve().parents[2]
-    overrides = [
-        f"target.name={job.target.name}",
-        "target.device=cpu",
-        f"data.sources=[{job.data.sources[0]}]",
-        "data.max_length=96",
-        "data.max_conversations=null",
-        "data.val_fraction=0.1",
-        f"data.cache_dir={job.data.cache_dir}",
-        "head.layer_ids=[0,1,2]",
-        "head.draft_vocab_size=512",
-        "train.ttt_steps=3",
-        "train.batch_size=2",
-        "train.max_steps=2",
-        "train.warmup_steps=1",
-        "train.log_every=1",
-        "train.val_every=100",
-        "train.checkpoint_every=100",
-        "wandb.mode=offline",
-        "stages=[prepare,train]",
-        f"run_dir={job.run_dir}",
-    ]
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
-    command = launcher + [str(root / "conf/accelerate/ddp_cpu.yaml"), str(root / "train/run.py"), *overrides]
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    history = wandb_history(Path(job.run_dir))
-    train_rows = [r for r in history if "train/loss" in r]
-    assert [r["train/tokens"] for r in train_rows] == expected_tokens(job, world=2, steps=2)
-    assert [r["train/rank_weight_spread"] for r in history if "train/rank_weight_spread" in r] == [0.0]
 
 
 def test_a_job_without_a_validation_split_trains(make_job, tmp_path):
