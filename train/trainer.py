@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import resource
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
@@ -194,6 +195,7 @@ def train(
 
     pending: list[dict[str, torch.Tensor]] = []  # per-step metrics, still on the device
     tick, tokens_at_tick = time.perf_counter(), state.tokens
+    started, tokens_at_start, first_step = tick, state.tokens, state.step
     bar = tqdm(total=cfg.max_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process)
     last_step = cfg.stop_at_step or cfg.max_steps
     while state.step < last_step:
@@ -265,6 +267,12 @@ def train(
             if accelerator.is_main_process:
                 save_snapshot(trained, target, run_dir / SNAPSHOTS / f"step-{state.step}")
     bar.close()
+    seconds = time.perf_counter() - started
+    log.info(
+        "rank %d: steps %d-%d, %d tokens over all ranks in %.1f s (%.0f tokens/s); peak memory %.2f GB",
+        accelerator.process_index, first_step, state.step, state.tokens - tokens_at_start, seconds,
+        (state.tokens - tokens_at_start) / max(seconds, 1e-9), peak_memory_gb(),
+    )  # fmt: skip
     if state.step < cfg.max_steps:  # stopped at train.stop_at_step
         return None
     if not zero3(accelerator):  # ZeRO-3 ranks hold different shards, not copies
@@ -282,6 +290,11 @@ def train(
         target.save_identity(head_dir)
     accelerator.wait_for_everyone()
     return head_dir
+
+
+def peak_memory_gb() -> float:
+    """This process's peak resident memory (ru_maxrss: KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def zero3(accelerator: Accelerator) -> bool:

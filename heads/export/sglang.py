@@ -54,7 +54,9 @@ class SGLangEagle3(Eagle3Layout):
     serve_hint = (
         "python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 \\\n"
         "  --speculative-draft-model-path {dir} --speculative-num-steps {k} \\\n"
-        "  --speculative-eagle-topk 1 --speculative-num-draft-tokens {k1}"
+        "  --speculative-eagle-topk 1 --speculative-num-draft-tokens {k1}\n"
+        "# SGLang only: vLLM 0.32 loads this directory too, but reads its layer ids in another\n"
+        "# convention and accepts fewer drafts (tests/engines/); serve the vllm export there"
     )
 
     def config(self, head: Eagle3Head, meta: DrafterMeta) -> dict[str, Any]:

@@ -67,7 +67,7 @@ class TinyMedusa(nn.Module):
         self.blocks = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(num_heads))
         self.lm_head = target.lm_head
 
-    def forward(self, final_hidden: torch.Tensor) -> torch.Tensor:
+    def logits(self, final_hidden: torch.Tensor) -> torch.Tensor:
         return torch.stack(
             [self.lm_head(final_hidden + nn.functional.silu(block(final_hidden))) for block in self.blocks]
         )

@@ -68,6 +68,20 @@ def test_greedy_medusa_tree_is_the_targets_own(target, reference):
         assert decoder.generate(prompt, NEW_TOKENS).tokens == expected
 
 
+def test_the_real_medusa_head_decodes_as_the_target(target, reference):
+    """The head class training saves, not a stand-in (its forward returns states, not logits)."""
+    from heads.medusa import MedusaArgs, MedusaHead
+
+    torch.manual_seed(0)
+    args = MedusaArgs(hidden_size=32, vocab_size=128, num_heads=4, num_layers=1)
+    head = MedusaHead(args, lm_head_weight=target.lm_head.weight.detach()).eval()
+    decoder = SpeculativeDecoder(target, head, MedusaTreeDrafting(), max_len=MAX_LEN)
+    for prompt, expected in zip(PROMPTS, reference):
+        generation = decoder.generate(prompt, NEW_TOKENS)
+        assert generation.tokens == expected
+        assert generation.metrics.proposed_tokens > 0
+
+
 def full_sequence_cache(model, tokens: list[int], cache_len: int) -> list[KVCache]:
     cached = CachedTarget(model)
     cache = cached.new_cache(1, cache_len)

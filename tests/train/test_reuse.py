@@ -48,7 +48,9 @@ def test_a_rerun_reuses_eval_and_export_and_a_changed_setting_reruns_what_depend
     report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
     calibrated = report["head"]["calibrated_dir"]
     assert calibrated == str(tmp_path / "run" / "eval" / "calibrated_head")
-    exported = json.loads((tmp_path / "run" / "export" / "vllm" / "confidence_config.json").read_text())
+    exported = json.loads(
+        (tmp_path / "run" / "export" / "vllm" / "confidence" / "confidence_config.json").read_text()
+    )
     assert exported == json.loads(
         (tmp_path / "run" / "eval" / "calibrated_head" / "confidence_config.json").read_text()
     )

@@ -1,0 +1,1 @@
+"""Serving engines run for real beside our decoder (vLLM's CPU build, in its own venv)."""
