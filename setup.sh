@@ -24,6 +24,6 @@ accelerate config default >/dev/null
 if [ "${1:-}" = "--engines" ]; then
     # vLLM's CPU build in .venv-vllm, for tests/engines/ (which skip without it). A failed
     # install (no network, no room) is reported and leaves the rest of the setup usable.
-    bash eval/engines/setup_vllm.sh || echo "setup: WARNING: no vLLM environment (eval/engines/setup_vllm.sh failed): tests/engines/ will skip"
+    timeout 1800 bash eval/engines/setup_vllm.sh || echo "setup: WARNING: no vLLM environment (eval/engines/setup_vllm.sh failed): tests/engines/ will skip"
 fi
 echo "setup: done (.venv; accelerate's config: $(python -c 'from accelerate.commands.config.config_args import default_config_file as f; print(f)'))"
