@@ -2,15 +2,17 @@
 time per token against plain decoding, HF greedy `generate` and HF prompt lookup, all
 measured in one run (warm-up first, methods interleaved per request).
 
-    python eval/run.py --head outputs/eagle3/head --out outputs/eagle3/eval [--tasks mt_bench ...]
+    python eval/run.py head_dir=outputs/eagle3/head out=outputs/eval [eval=full] [eval.key=value ...]
+    python eval/run.py head_dir=... out=... --cfg job      # print the resolved config
 
-The job's eval stage (`train/run.py`) calls `evaluate` with the same settings; both end with
+Hydra, under the job's schema (conf/eval_run.yaml: the same `target` and `eval` groups), so
+`eval.*` means here what it means in the job's eval stage (`train/run.py`), which calls
+`evaluate` with the same settings; both end with
 the closing summary (eval/summary.py). The head directory is only read: temperatures fitted on
 real decoding go to `<out>/calibrated_head`.
 Multi-turn prompts (MT-bench) replay earlier turns with the target's own answers.
 """
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -18,9 +20,13 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import hydra
 import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from data.chat_template import generation_prompt_ids
@@ -396,36 +402,37 @@ def evaluate(
     return path
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--head", required=True, type=Path, help="directory of a trained head")
-    parser.add_argument("--out", required=True, type=Path, help="where the report goes")
-    parser.add_argument("--target", default=TargetConfig.name, help="target name, model dir or .gguf")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--device", default="auto")
-    for item in dataclasses.fields(EvalConfig):
-        default = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
-        flag = "--" + item.name.replace("_", "-")
-        if isinstance(default, list):
-            parser.add_argument(flag, nargs="+", default=default)
-        elif isinstance(default, bool):
-            parser.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default)
-        else:
-            parser.add_argument(flag, type=type(default) if default is not None else int, default=default)
-    return parser
+@dataclass
+class EvalRunConfig:
+    """`python eval/run.py`'s schema: the job's `target` and `eval` groups, a head and an out dir."""
+
+    head_dir: str = MISSING  # a trained head's directory (only read)
+    out: str = MISSING  # where the report, plots and calibrated_head go
+    target: TargetConfig = field(default_factory=TargetConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-def main(argv: list[str] | None = None) -> Path:
-    args = _parser().parse_args(argv)
-    cfg = EvalConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EvalConfig)})
-    target = Target.load(TargetConfig(name=args.target, dtype=args.dtype, device=args.device))
-    path = evaluate(target, args.head, cfg, args.out)
+def register_configs() -> None:
+    """Make `eval_run_schema` (the first entry of conf/eval_run.yaml's defaults) type every group."""
+    ConfigStore.instance().store(name="eval_run_schema", node=EvalRunConfig)
+
+
+def run_eval(run: EvalRunConfig) -> Path:
+    """Evaluate run.head_dir into run.out and print the closing summary; -> report.json's path."""
+    target = Target.load(run.target)
+    path = evaluate(target, Path(run.head_dir), run.eval, Path(run.out))
     report = json.loads(path.read_text())
-    export = export_command(report, args.target, path)
+    export = export_command(report, run.target.name, path)
     print(closing_summary(report, path, next_command(report, None, export)), flush=True)
     return path
+
+
+register_configs()
+
+
+@hydra.main(config_path="../conf", config_name="eval_run", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run_eval(OmegaConf.to_object(cfg))
 
 
 def export_command(report: dict, target_name: str, report_path: Path) -> str:
@@ -442,5 +449,4 @@ def export_command(report: dict, target_name: str, report_path: Path) -> str:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
     main()

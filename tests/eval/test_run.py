@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_configs import compose_command
 from train.run import run
 
 
@@ -149,29 +150,21 @@ def test_confidence_head_is_calibrated_on_decoding_and_drives_the_policies(make_
 def test_the_eval_command_ends_with_the_summary_and_the_export_command(
     make_job, prompts_jsonl, tiny_target_dir, tmp_path, capsys
 ):
-    from eval.run import export_command, main
+    from eval.run import export_command, run_eval
 
     run(make_job())
     out = tmp_path / "eval_cli"
-    flags = [
-        "--prompts-per-task",
-        "3",
-        "--max-new-tokens",
-        "6",
-        "--draft-length",
-        "2",
-        "--baselines",
-        "false",
-    ]
-    main(
-        ["--head", str(tmp_path / "run" / "head"), "--out", str(out), "--target", str(tiny_target_dir)]
-        + ["--device", "cpu", "--tasks", str(prompts_jsonl), *flags]
+    command = (
+        f"python eval/run.py head_dir={tmp_path / 'run' / 'head'} out={out} target.name={tiny_target_dir} "
+        f"target.device=cpu eval.tasks=[{prompts_jsonl}] eval.prompts_per_task=3 eval.max_new_tokens=6 "
+        "eval.draft_length=2 eval.baselines=false"
     )
+    run_eval(compose_command(command))
     printed = capsys.readouterr().out
     assert "Summary: eagle3 head, eval of 4 turns" in printed
-    assert "greedy output not checked (no plain-decoding baseline" in printed
     assert "next     a longer run" in printed  # a tiny random head does not pay
     report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["draft_length"] == 2 and report["settings"]["baselines"] is False
     command = export_command(report, str(tiny_target_dir), out / "report.json")
     assert command.startswith(
         f"python -m heads.export --head {out / 'calibrated_head'} --target {tiny_target_dir}"
