@@ -5,9 +5,9 @@ PY=.venv/bin/python
 mkdir -p outputs/study
 REGEN=data/assets/smollm2_sharegpt_replies.jsonl.gz  # the shipped replies (the study read the same file from the regeneration cache)
 HELDOUT=docs/study/heldout_chat.jsonl
-evalhead() {  # evalhead <head dir> <out dir> [extra flags]: AL on held-out chat + the three eval sets, T=0, chain K=4
+evalhead() {  # evalhead <head dir> <out dir> [overrides]: AL on held-out chat + the three eval sets, T=0, chain K=4
   local head=$1 out=$2; shift 2
-  $PY eval/run.py --head "$head" --out "$out" --tasks "$HELDOUT" mt_bench humaneval gsm8k \
-    --prompts-per-task 12 --max-new-tokens 96 --draft-length 4 --policy static \
-    --calibration false "$@"
+  $PY eval/run.py head_dir="$head" out="$out" "eval.tasks=[$HELDOUT,mt_bench,humaneval,gsm8k]" \
+    eval.prompts_per_task=12 eval.max_new_tokens=96 eval.draft_length=4 eval.policy=static \
+    eval.calibration=false "$@"
 }

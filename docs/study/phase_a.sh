@@ -6,8 +6,8 @@ run() {  # run <name> [overrides]
   local name=$1; shift
   $PY train/run.py run_dir=outputs/study/$name stages=[prepare,train] wandb.mode=disabled head.init=random "$@" \
       > outputs/study/$name.train.log 2>&1
-  evalhead outputs/study/$name/head outputs/study/$name/eval_heldout --tasks "$HELDOUT" \
-      --prompts-per-task 24 --max-new-tokens 64 --baselines false > outputs/study/$name.eval.log 2>&1
+  evalhead outputs/study/$name/head outputs/study/$name/eval_heldout "eval.tasks=[$HELDOUT]" \
+      eval.prompts_per_task=24 eval.max_new_tokens=64 eval.baselines=false > outputs/study/$name.eval.log 2>&1
   echo "$name done $(date +%T)"
 }
 run q_regen data.sources=[$REGEN] data.max_conversations=null

@@ -37,7 +37,7 @@ Made by (commit {commit}; the study's command, BENCHMARKS.md "Recipe study"):
 
 `train=cpu_recipe` runs the same recipe with the regeneration included.
 
-Eval (`python eval/run.py --head heads/release/smollm2-135m-eagle3 ...`: T=0, chain K=4, static,
+Eval (`python eval/run.py head_dir=heads/release/smollm2-135m-eagle3 ...`: T=0, chain K=4, static,
 {r["settings"]["prompts_per_task"]} prompts per task, {r["settings"]["max_new_tokens"]} new tokens per turn,
 fp32 target, 2-core Intel/AMX CPU; heldout_chat = first turns of ShareGPT conversations no run trained on):
 
@@ -50,7 +50,7 @@ Held-out teacher-forced acceptance at the end of training (its own 5% validation
 {val[-1]["val/acc_0"]:.1%}, step 1 {val[-1]["val/acc_1"]:.1%}. Greedy output identical to plain
 decoding: {r.get("greedy_mismatches")} mismatches.
 
-Use: `python eval/run.py --head heads/release/smollm2-135m-eagle3 --out outputs/eval`, or start a job from
+Use: `python eval/run.py head_dir=heads/release/smollm2-135m-eagle3 out=outputs/eval`, or start a job from
 it with `head.init=release` (the default job does); export it with `python -m heads.export`.
 """
 out.write_text(text)
