@@ -39,6 +39,7 @@ from transformers import (
 )
 
 from heads.kv_cache import KVCache
+from heads.packed_linear import Linear, linear_paths
 
 log = logging.getLogger(__name__)
 
@@ -292,9 +293,13 @@ class CachedTarget:
     Supported: Llama, Mistral, Qwen2 (q/k/v biases come with the Linear modules) and Qwen3
     (q_norm / k_norm). Sliding-window attention is not implemented: a cache longer than
     the window is refused.
+
+    linears: how the model's Linear layers run (heads/packed_linear.py): auto = weights
+    prepacked for oneDNN on a CPU in fp32 (a few-row forward then costs what its work costs),
+    torch = the modules as they are (the reference).
     """
 
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, linears: str = "auto"):
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -308,6 +313,7 @@ class CachedTarget:
         self.head_dim = attention.head_dim
         self.num_kv_heads = config.num_key_value_heads
         self.qk_norm = config.model_type == "qwen3"
+        self.linear: dict[nn.Module, Linear] = linear_paths(model, linears)
 
     @property
     def num_layers(self) -> int:
@@ -350,9 +356,9 @@ class CachedTarget:
     ) -> torch.Tensor:
         attention = self.layers[layer_idx].self_attn
         batch, length, _ = hidden.shape
-        query = attention.q_proj(hidden).view(batch, length, -1, self.head_dim)
-        key = attention.k_proj(hidden).view(batch, length, -1, self.head_dim)
-        value = attention.v_proj(hidden).view(batch, length, -1, self.head_dim)
+        query = self.linear[attention.q_proj](hidden).view(batch, length, -1, self.head_dim)
+        key = self.linear[attention.k_proj](hidden).view(batch, length, -1, self.head_dim)
+        value = self.linear[attention.v_proj](hidden).view(batch, length, -1, self.head_dim)
         if self.qk_norm:
             query, key = attention.q_norm(query), attention.k_norm(key)
         query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # [B, heads, S, head_dim]
@@ -372,7 +378,13 @@ class CachedTarget:
             scale=attention.scaling,
             enable_gqa=True,
         )
-        return attention.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        return self.linear[attention.o_proj](out.transpose(1, 2).reshape(batch, length, -1))
+
+    def _mlp(self, layer_idx: int, hidden: torch.Tensor) -> torch.Tensor:
+        """The gated MLP of Llama / Mistral / Qwen2 / Qwen3: down(act(gate(x)) * up(x))."""
+        mlp = self.layers[layer_idx].mlp
+        gated = mlp.act_fn(self.linear[mlp.gate_proj](hidden)) * self.linear[mlp.up_proj](hidden)
+        return self.linear[mlp.down_proj](gated)
 
     @torch.no_grad()
     def forward(
@@ -409,7 +421,7 @@ class CachedTarget:
                 attn_mask,
             )
             hidden = hidden + attended
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + self._mlp(layer_idx, layer.post_attention_layernorm(hidden))
             if layer_idx in layer_ids:
                 kept[layer_idx] = hidden
         final_hidden = decoder.norm(hidden)
@@ -417,7 +429,7 @@ class CachedTarget:
             final_hidden if num_logits is None else final_hidden[:, final_hidden.shape[1] - num_logits :]
         )
         return TargetStep(
-            logits=self.model.lm_head(projected) if num_logits != 0 else None,
+            logits=self.linear[self.model.lm_head](projected) if num_logits != 0 else None,
             hidden_states=[kept[layer_id] for layer_id in layer_ids],
             final_hidden=final_hidden,
         )

@@ -1,0 +1,77 @@
+"""Linear layers of a frozen model with their weights prepacked once for oneDNN.
+
+Why: on a CPU, PyTorch's default GEMM for a few rows (a decode step, the verification of
+k drafts) re-lays the weight out on every call, so the embedded target's 49152 x 576 lm_head
+costs 8.7 ms for 1 row and 22.8 ms for 9 (AMD EPYC, 2 cores), and verifying drafts costs
+far more than their work. Packed once, the same products cost 4.4 and 6.6 ms (BENCHMARKS.md,
+"Verification at the cost of one step"). `F.linear` through the module is the reference and
+the path wherever oneDNN does not apply (GPUs, dtypes other than fp32, a torch without it).
+
+The packed copy doubles the weights' memory; it is made once per model and shared by every
+forward built on it (the target's cached forward, heads/target.py), and made again when a
+forward is built after a weight was replaced or written in place. Only frozen models use it.
+"""
+
+import weakref
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+LINEAR_PATHS = ("auto", "packed", "torch")
+Linear = Callable[[torch.Tensor], torch.Tensor]  # [..., in] -> [..., out]
+
+
+def packing_applies(weight: torch.Tensor) -> bool:
+    """oneDNN's packed fp32 path exists for this weight (a CPU fp32 tensor)."""
+    return (
+        weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    )
+
+
+class PackedLinear:
+    """y = x W^T + b with W laid out once in oneDNN's blocked format."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        # The batch-size hint only picks the initial layout; any row count is computed right.
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+        self.bias = None if bias is None else bias.detach()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def _fingerprint(linears: list[nn.Linear]) -> tuple:
+    """Changes when any weight is replaced or written in place (its version counter moves)."""
+    return tuple((m.weight.data_ptr(), m.weight._version) for m in linears)
+
+
+_packed_models: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, dict[nn.Linear, PackedLinear]]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def linear_paths(model: nn.Module, path: str = "auto") -> dict[nn.Linear, Linear]:
+    """The callable each nn.Linear of `model` runs through: packed (oneDNN) or the module itself.
+
+    path: auto (packed where it applies), packed (an error where it does not), torch (the
+    modules as they are). Packs are shared by every caller of the same model, so several
+    decoders over one target hold one packed copy.
+    """
+    if path not in LINEAR_PATHS:
+        raise ValueError(f"linear path {path!r}: choose one of {LINEAR_PATHS}")
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    applies = all(packing_applies(module.weight) for module in linears)
+    if path == "packed" and not applies:
+        raise ValueError(
+            "linear path 'packed' needs fp32 weights on a CPU with oneDNN (torch.backends.mkldnn); "
+            "use 'auto' to fall back to torch's own path"
+        )
+    if path == "torch" or not applies:
+        return {module: module for module in linears}
+    fingerprint = _fingerprint(linears)
+    cached = _packed_models.get(model)
+    if cached is None or cached[0] != fingerprint:
+        cached = (fingerprint, {module: PackedLinear(module.weight, module.bias) for module in linears})
+        _packed_models[model] = cached
+    return dict(cached[1])

@@ -1,0 +1,63 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from heads.packed_linear import PackedLinear, linear_paths, packing_applies
+from heads.target import CachedTarget
+from tests.heads.test_target_forward import FAMILIES, FAMILY_IDS, full_forward
+
+needs_onednn = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN (CPU builds ship it)"
+)
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(1, 48), (3, 48), (9, 48), (2, 5, 48), (0, 48)])
+def test_packed_linear_computes_the_linear(shape):
+    torch.manual_seed(0)
+    weight, bias = torch.randn(40, 48), torch.randn(40)
+    x = torch.randn(*shape)
+    for b in (bias, None):
+        torch.testing.assert_close(PackedLinear(weight, b)(x), F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_packs_are_shared_and_redone_after_a_weight_changes():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    first, again = linear_paths(model), linear_paths(model)
+    assert all(isinstance(path, PackedLinear) for path in first.values())
+    assert all(first[m] is again[m] for m in first)  # one packed copy per model
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        model[0].weight.mul_(2.0)  # in place: the old pack is stale
+    fresh = linear_paths(model)
+    assert fresh[model[0]] is not first[model[0]]
+    torch.testing.assert_close(fresh[model[0]](x), model[0](x), rtol=1e-5, atol=1e-5)
+
+
+def test_torch_path_and_refusals():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    assert linear_paths(model, "torch") == {model[0]: model[0]}
+    half = torch.nn.Sequential(torch.nn.Linear(8, 8)).to(torch.bfloat16)
+    assert not packing_applies(half[0].weight)
+    assert linear_paths(half) == {half[0]: half[0]}  # auto falls back
+    with pytest.raises(ValueError, match="'packed' needs fp32 weights on a CPU"):
+        linear_paths(half, "packed")
+    with pytest.raises(ValueError, match="linear path 'fast'"):
+        linear_paths(model, "fast")
+
+
+@needs_onednn
+@pytest.mark.parametrize("build", FAMILIES, ids=FAMILY_IDS)
+def test_cached_forward_packed_equals_torch_path(build):
+    """The packed target forward computes what the modules compute (Qwen2's q/k/v biases too)."""
+    model = build()
+    packed, reference = CachedTarget(model), CachedTarget(model, linears="torch")
+    assert any(isinstance(path, PackedLinear) for path in packed.linear.values())
+    input_ids = torch.randint(0, 128, (1, 11))
+    out_packed, _ = full_forward(packed, input_ids, [0, 1])
+    out_torch, _ = full_forward(reference, input_ids, [0, 1])
+    torch.testing.assert_close(out_packed.logits, out_torch.logits, rtol=1e-4, atol=1e-4)
+    for got, expected in zip(out_packed.hidden_states, out_torch.hidden_states):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
