@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from eval.verdict import IdentityCheck
+
 PROMPT_BUCKETS = (0, 128, 512, 2048, math.inf)  # prompt tokens
 RESPONSE_BUCKETS = (0, 32, 128, 512, math.inf)  # response tokens
 
@@ -148,13 +150,8 @@ def markdown(report: dict) -> str:
 
 
 def greedy_check(report: dict) -> str:
-    """The lossless check in words: greedy speculative output against plain decoding."""
-    mismatches, turns = report["greedy_mismatches"], report["greedy_checked_turns"]
-    if mismatches is None:
-        return "not checked (sampling: temperature > 0 gives no token-for-token reference)"
-    if not turns:
-        return "not checked (no plain-decoding baseline ran: eval.baselines=false)"
-    return f"checked token for token against plain decoding on {turns} turns: {mismatches} mismatches"
+    """The lossless check in words: greedy speculative output against the plain loop and HF."""
+    return IdentityCheck(**report["identity"]).describe()
 
 
 def speculation_verdict(report: dict) -> str:

@@ -11,6 +11,9 @@ Hydra, under the job's schema (conf/eval_run.yaml: the same `target` and `eval` 
 the closing summary (eval/summary.py). The head directory is only read: temperatures fitted on
 real decoding go to `<out>/calibrated_head`.
 Multi-turn prompts (MT-bench) replay earlier turns with the target's own answers.
+Beside report.json goes verdict.json (eval/verdict.py), what export trusts: the evaluated
+head's digest, the drafting setting, AL per task, and greedy identity against the plain loop and
+HF `generate` on every turn, whatever eval.baselines says (at T > 0, a greedy pass for it).
 """
 
 import dataclasses
@@ -44,9 +47,10 @@ from eval.policies import (
 from eval.report import Record, build_report, write_report
 from eval.summary import closing_summary, next_command
 from eval.tree import causal_mask
+from eval.verdict import VERDICT_FILE, IdentityCheck, Verdict, write_verdict
 from eval.verify import SamplingParams
 from heads.confidence import load_confidence
-from heads.registry import load_head, read_head_config
+from heads.registry import head_digest, load_head, read_head_config
 from heads.target import Target, TargetConfig
 
 log = logging.getLogger(__name__)
@@ -183,16 +187,20 @@ class Runner:
         self.methods = list(decoders) + ([PLAIN, HF_GREEDY, HF_LOOKUP] if cfg.baselines else [])
         self.turns_run = 0
 
-    def _run(self, method: str, prompt_ids: list[int]) -> tuple[list[int], float, object]:
+    def _run(
+        self, method: str, prompt_ids: list[int], sampling: SamplingParams | None = None
+    ) -> tuple[list[int], float, object]:
+        """One method on one turn, sampled as the eval is unless `sampling` says otherwise."""
+        sampling = sampling or self.sampling
         start = time.perf_counter()
         if method in self.decoders:
             out = self.decoders[method].generate(
-                prompt_ids, self.cfg.max_new_tokens, self.sampling, self.generator
+                prompt_ids, self.cfg.max_new_tokens, sampling, self.generator
             )
             return out.tokens, time.perf_counter() - start, out.metrics
         if method == PLAIN:
             out = self.decoders[SPECULATIVE].generate_plain(
-                prompt_ids, self.cfg.max_new_tokens, self.sampling, self.generator
+                prompt_ids, self.cfg.max_new_tokens, sampling, self.generator
             )
             return out.tokens, time.perf_counter() - start, None
         lookup = PROMPT_LOOKUP_TOKENS if method == HF_LOOKUP else 0
@@ -202,9 +210,25 @@ class Runner:
             self.cfg.max_new_tokens,
             self.target.tokenizer.eos_token_id,
             prompt_lookup_tokens=lookup,
-            sampling=self.sampling,
+            sampling=sampling,
         )
         return tokens, seconds, None
+
+    def greedy_outputs(self, prompt_ids: list[int], tokens: dict[str, list[int]]) -> dict[str, list[int]]:
+        """Greedy outputs of the decoders and of both references (PLAIN, HF_GREEDY) on one turn.
+
+        Greedy runs check their own outputs (every setting); sampled runs check a greedy pass of
+        the main setting. A reference the timed run lacks (eval.baselines=false) or sampled is
+        decoded here, untimed: the check never depends on what was timed."""
+        greedy = SamplingParams()
+        if self.sampling.greedy:
+            outputs = {name: tokens[name] for name in self.decoders}
+        else:
+            outputs = {SPECULATIVE: self._run(SPECULATIVE, prompt_ids, greedy)[0]}
+        for reference in (PLAIN, HF_GREEDY):
+            reused = self.sampling.greedy and reference in tokens
+            outputs[reference] = tokens[reference] if reused else self._run(reference, prompt_ids, greedy)[0]
+        return outputs
 
     def turn(self, prompt_ids: list[int]) -> tuple[dict[str, list[int]], dict[str, float], dict[str, object]]:
         """-> tokens and seconds per method, decode metrics per speculative decoder."""
@@ -328,7 +352,7 @@ def evaluate(
 
     records: dict[str, list[Record]] = {name: [] for name in decoders}
     baselines = [m for m in runner.methods if m not in decoders]
-    mismatches, checked = 0, 0
+    mismatches = {PLAIN: 0, HF_GREEDY: 0}
     turns = sum(len(p.turns) for p in prompts)
     with tqdm(total=turns, desc=f"eval ({', '.join(cfg.tasks)})") as bar:
         for prompt in prompts:
@@ -336,38 +360,17 @@ def evaluate(
             for index, turn in enumerate(prompt.turns):
                 prompt_ids = encode_turn(target, history, turn)
                 tokens, seconds, metrics = runner.turn(prompt_ids)
-                reference = tokens.get(PLAIN, tokens[SPECULATIVE])
+                outputs = runner.greedy_outputs(prompt_ids, tokens)
+                where = f"{prompt.task}/{prompt.id} turn {index}"
+                for reference, count in identity_mismatches(outputs, where).items():
+                    mismatches[reference] += count
                 for name, decoded in metrics.items():
-                    checked += PLAIN in tokens
-                    if cfg.temperature == 0 and tokens[name] != reference:
-                        mismatches += 1
-                        log.error(
-                            "%s/%s turn %d: %s output differs from plain greedy",
-                            prompt.task,
-                            prompt.id,
-                            index,
-                            name,
-                        )
+                    # Each setting's record reads its own time as the speculative one.
+                    own = {SPECULATIVE: name} | {m: m for m in baselines}
                     records[name].append(
-                        Record(
-                            task=prompt.task,
-                            category=prompt.category,
-                            id=prompt.id,
-                            turn=index,
-                            prompt_tokens=len(prompt_ids),
-                            response_tokens=len(tokens[name]),
-                            proposed_tokens=decoded.proposed_tokens,
-                            accepted_draft_tokens=decoded.accepted_draft_tokens,
-                            emitted_tokens=decoded.emitted_tokens,
-                            verification_rounds=decoded.verification_rounds,
-                            accepted_by_position=decoded.accepted_per_position,
-                            proposed_by_position=decoded.proposed_per_position,
-                            # Each setting's report reads its own time as the speculative one.
-                            seconds={SPECULATIVE: seconds[name]} | {m: seconds[m] for m in baselines},
-                            tokens_by_method={SPECULATIVE: len(tokens[name])}
-                            | {m: len(tokens[m]) for m in baselines},
-                        )
+                        turn_record(prompt, index, len(prompt_ids), decoded, tokens, seconds, own)
                     )
+                reference = tokens.get(PLAIN, tokens[SPECULATIVE])
                 answer = target.tokenizer.decode(reference, skip_special_tokens=True)
                 history += [{"role": "user", "content": turn}, {"role": "assistant", "content": answer}]
                 bar.update(1)
@@ -389,17 +392,107 @@ def evaluate(
         # The head as evaluated (temperatures fitted on real decoding): what export ships.
         "calibrated_dir": str(calibrated_dir) if calibrated_dir.is_dir() else None,
     }
-    report["greedy_mismatches"] = mismatches if cfg.temperature == 0 else None
-    report["greedy_checked_turns"] = checked if cfg.temperature == 0 else 0  # against plain decoding
+    identity = IdentityCheck(
+        turns, mismatches[PLAIN], mismatches[HF_GREEDY], greedy_pass=not runner.sampling.greedy
+    )
+    report["identity"] = dataclasses.asdict(identity)
+    report["greedy_mismatches"], report["greedy_checked_turns"] = identity.mismatches, identity.turns
     path = write_report(report, records[SPECULATIVE], out_dir)
+    evaluated_dir = calibrated_dir if calibrated_dir.is_dir() else head_dir
+    write_verdict(
+        make_verdict(report, head_dir, evaluated_dir, drafting_setting(cfg, kind), identity), out_dir
+    )
     if log_fn is not None:
         log_fn(json.loads(path.read_text()))
-    if mismatches:
+    if identity.mismatches:
         raise RuntimeError(
-            f"{mismatches} greedy turns differ from plain decoding: the decoder is not lossless here "
-            f"(see {out_dir / 'records.jsonl'})"
+            f"greedy output differs from the plain loop on {identity.plain_mismatches} and from HF "
+            f"generate on {identity.hf_mismatches} decoded turns: the decoder is not lossless here "
+            f"(the log names the turns; the verdict in {out_dir} refuses export)"
         )
     return path
+
+
+def turn_record(
+    prompt: EvalPrompt,
+    index: int,
+    prompt_tokens: int,
+    decoded,
+    tokens: dict[str, list[int]],
+    seconds: dict[str, float],
+    methods: dict[str, str],
+) -> Record:
+    """One setting's record of one turn; methods: report name -> the run whose tokens and time it reads."""
+    return Record(
+        task=prompt.task,
+        category=prompt.category,
+        id=prompt.id,
+        turn=index,
+        prompt_tokens=prompt_tokens,
+        response_tokens=len(tokens[methods[SPECULATIVE]]),
+        proposed_tokens=decoded.proposed_tokens,
+        accepted_draft_tokens=decoded.accepted_draft_tokens,
+        emitted_tokens=decoded.emitted_tokens,
+        verification_rounds=decoded.verification_rounds,
+        accepted_by_position=decoded.accepted_per_position,
+        proposed_by_position=decoded.proposed_per_position,
+        seconds={method: seconds[run] for method, run in methods.items()},
+        tokens_by_method={method: len(tokens[run]) for method, run in methods.items()},
+    )
+
+
+def identity_mismatches(outputs: dict[str, list[int]], where: str) -> dict[str, int]:
+    """Per reference (PLAIN, HF_GREEDY): how many decoders' greedy outputs differ from it, each logged."""
+    decoded = [name for name in outputs if name not in (PLAIN, HF_GREEDY)]
+    counts = {}
+    for reference in (PLAIN, HF_GREEDY):
+        differ = [name for name in decoded if outputs[name] != outputs[reference]]
+        for name in differ:
+            log.error("%s: %s greedy output differs from %s", where, name, reference)
+        counts[reference] = len(differ)
+    return counts
+
+
+def drafting_setting(cfg: EvalConfig, kind: str) -> dict:
+    """The main decoder's drafting as make_decoder resolves it: what a verdict and a card quote."""
+    if cfg.policy == "ngram":
+        drafting = {"drafter": "prompt lookup (n-gram, no head)", "draft_length": cfg.draft_length}
+    elif kind == "medusa":
+        drafting = {"drafter": "medusa static tree"}
+    elif cfg.mode == "tree":
+        drafting = {"drafter": f"{kind} tree", "depth": cfg.draft_length, "top_k": cfg.tree_top_k}
+        drafting |= {"budget": cfg.tree_budget, "by_confidence": cfg.policy == "confidence"}
+    else:
+        drafting = {"drafter": f"{kind} chain", "policy": cfg.policy, "draft_length": cfg.draft_length}
+        if cfg.policy in ("draft_prob", "confidence"):
+            drafting["policy_threshold"] = cfg.policy_threshold
+    if cfg.temperature == 0:
+        return drafting | {"temperature": 0.0, "verification": "greedy (argmax)"}
+    rule = "recursive rejection sampling" if "tree" in drafting["drafter"] else f"{cfg.verification}-wise"
+    return drafting | {
+        "temperature": cfg.temperature,
+        "top_k": cfg.top_k,
+        "top_p": cfg.top_p,
+        "verification": rule,
+    }
+
+
+def make_verdict(
+    report: dict, trained_dir: Path, evaluated_dir: Path, drafting: dict, identity: IdentityCheck
+) -> Verdict:
+    """The verdict on the head as evaluated (the calibrated copy when the eval wrote one)."""
+    costs = report["costs"]
+    return Verdict(
+        head_dir=str(evaluated_dir),
+        head_sha256=head_digest(evaluated_dir),
+        trained_head_sha256=head_digest(trained_dir),
+        head_kind=report["head"]["kind"],
+        drafting=drafting,
+        acceptance_length={task: summary["acceptance_length"] for task, summary in report["task"].items()},
+        overall_acceptance_length=report["overall"]["acceptance_length"],
+        break_even_acceptance_length=costs["break_even_acceptance_length"] if costs else None,
+        identity=identity,
+    )
 
 
 @dataclass
@@ -436,7 +529,7 @@ def main(cfg: DictConfig) -> None:
 
 
 def export_command(report: dict, target_name: str, report_path: Path) -> str:
-    """The export tool's command for the head as evaluated, gated on this report."""
+    """The export tool's command for the head as evaluated, gated on the verdict beside this report."""
     from heads.export.formats import formats_for
 
     head = report["head"]["calibrated_dir"] or report["head"]["dir"]
@@ -444,7 +537,7 @@ def export_command(report: dict, target_name: str, report_path: Path) -> str:
     out = Path(report_path).parent / "export" / fmt
     return (
         f"python -m heads.export --head {head} --target {target_name} --format {fmt} "
-        f"--out {out} --report {report_path}"
+        f"--out {out} --verdict {Path(report_path).with_name(VERDICT_FILE)}"
     )
 
 

@@ -7,6 +7,7 @@ Head modules import the file helpers from here; `build_head`/`load_head` pick th
 """
 
 import dataclasses
+import hashlib
 import json
 import os
 import typing
@@ -16,6 +17,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from heads.target import sha256_file
 
 # Heads this repository ships, one directory each (README.md inside says how each was made).
 RELEASE_DIR = Path(__file__).parent / "release"
@@ -58,6 +61,16 @@ def write_head(path: str | os.PathLike, kind: str, args: Any, tensors: dict[str,
     save_file({name: t.detach().contiguous() for name, t in tensors.items()}, str(tmp_weights))
     os.replace(tmp_weights, path / WEIGHTS_FILE)
     os.replace(tmp_config, path / CONFIG_FILE)
+
+
+def head_digest(directory: str | os.PathLike) -> str:
+    """sha256 over the relative names and contents of every file of a head directory: what keys
+    the reuse of an eval and an export, and what an eval's verdict names the head by."""
+    directory = Path(directory)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(directory)}\0{sha256_file(path)}\0".encode())
+    return digest.hexdigest()
 
 
 def read_head_config(path: str | os.PathLike) -> dict[str, Any]:

@@ -2,30 +2,19 @@
 
 A stage that finishes records, in its output directory, the inputs its outputs came from
 (`stage.json`); a rerun whose inputs are equal reuses the outputs and says so, and one whose
-inputs differ names what changed and reruns. Inputs are contents, never file times: the sha256
-of every file of a head directory, the resolved settings, the target's identity and weight
-fingerprint, the eval prompts. The code itself is not an input: after changing it, rerun with
-`reuse=false`.
+inputs differ names what changed and reruns. Inputs are contents, never file times: the digest
+of a head directory's files (`heads.registry.head_digest`, the name an eval's verdict gives the
+head), the resolved settings, the target's identity and weight fingerprint, the eval prompts.
+The code itself is not an input: after changing it, rerun with `reuse=false`.
 """
 
-import hashlib
 import json
 import logging
 from pathlib import Path
 
-from heads.target import sha256_file
-
 log = logging.getLogger(__name__)
 
 STAMP = "stage.json"
-
-
-def files_digest(directory: Path) -> str:
-    """sha256 over the relative names and contents of every file under directory."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in Path(directory).rglob("*") if p.is_file()):
-        digest.update(f"{path.relative_to(directory)}\0{sha256_file(path)}\0".encode())
-    return digest.hexdigest()
 
 
 def changed_keys(old: dict, new: dict, prefix: str = "") -> list[str]:

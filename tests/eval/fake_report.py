@@ -1,6 +1,9 @@
 """A small eval report built from made-up records, as eval/run.py assembles it."""
 
+from dataclasses import asdict
+
 from eval.report import Record, build_report
+from eval.verdict import IdentityCheck
 
 METHODS = ["speculative", "plain", "hf_greedy"]
 
@@ -28,8 +31,8 @@ def fake_records() -> list[Record]:
     return [record("mt_bench", 32, 16, 0.5), record("mt_bench", 16, 8, 0.5), record("gsm8k", 20, 16, 2.0)]
 
 
-def fake_report(temperature: float = 0.0, mismatches: int | None = 0, checked: int = 3) -> dict:
-    """The report of fake_records, with a break-even AL of 1.5."""
+def fake_report(temperature: float = 0.0, mismatches: int = 0, hf_mismatches: int = 0) -> dict:
+    """The report of fake_records, with a break-even AL of 1.5; identity checked on its 3 turns."""
     records = fake_records()
     costs = {
         "alpha": 0.3,
@@ -51,7 +54,8 @@ def fake_report(temperature: float = 0.0, mismatches: int | None = 0, checked: i
         "temperature": temperature,
     }
     report["head"] = {"dir": "outputs/eagle3/head", "kind": "eagle3", "calibrated_dir": None}
-    report["greedy_mismatches"] = mismatches
-    report["greedy_checked_turns"] = checked
+    identity = IdentityCheck(3, mismatches, hf_mismatches, greedy_pass=temperature > 0)
+    report["identity"] = asdict(identity)
+    report["greedy_mismatches"], report["greedy_checked_turns"] = identity.mismatches, identity.turns
     report["plots"] = ["outputs/eagle3/eval/al_distribution.png"]
     return report

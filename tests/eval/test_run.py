@@ -1,10 +1,12 @@
-"""The eval stage end to end on a tiny target: report, plots, costs, greedy identity."""
+"""The eval stage end to end on a tiny target: report, plots, costs, greedy identity, verdict."""
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from eval.verdict import IdentityCheck
 from tests.test_configs import compose_command
 from train.run import run
 
@@ -62,16 +64,88 @@ def test_eval_stage_writes_a_report_with_al_speedups_costs_and_plots(make_job, p
     assert report["greedy_checked_turns"] == 4
     markdown = (out / "report.md").read_text()
     assert markdown.startswith("# Speculative decoding eval: eagle3 head")
-    assert "against plain decoding on 4 turns: 0 mismatches" in markdown
+    assert "on 4 turns: 0 mismatches against the plain loop, 0 against HF generate" in markdown
+
+
+def test_the_verdict_names_the_evaluated_head_its_drafting_al_and_identity(make_job, prompts_jsonl, tmp_path):
+    from eval.verdict import read_verdict
+    from heads.registry import head_digest
+
+    run(make_job(*_eval_overrides(prompts_jsonl, "eval.policy=draft_prob")))
+    out = tmp_path / "run" / "eval"
+    report, verdict = json.loads((out / "report.json").read_text()), read_verdict(out / "verdict.json")
+    assert verdict.head_dir == str(out / "calibrated_head")  # the head as evaluated, which export ships
+    assert verdict.head_sha256 == head_digest(out / "calibrated_head")
+    assert verdict.trained_head_sha256 == head_digest(tmp_path / "run" / "head")
+    assert verdict.drafting == {
+        "drafter": "eagle3 chain",
+        "policy": "draft_prob",
+        "draft_length": 3,
+        "policy_threshold": 0.3,
+        "temperature": 0.0,
+        "verification": "greedy (argmax)",
+    }
+    assert verdict.acceptance_length == {t: s["acceptance_length"] for t, s in report["task"].items()}
+    assert set(verdict.acceptance_length) == {"toy", "toy2"}
+    assert verdict.overall_acceptance_length == report["overall"]["acceptance_length"]
+    assert verdict.break_even_acceptance_length == report["costs"]["break_even_acceptance_length"]
+    assert verdict.identity == IdentityCheck(turns=4, plain_mismatches=0, hf_mismatches=0, greedy_pass=False)
+
+
+def _tamper(monkeypatch, plain: bool):
+    """Make our plain loop (plain=True) or HF generate return one token more than it decoded."""
+    import eval.run
+    from eval.decoder import SpeculativeDecoder
+
+    if plain:
+        original = SpeculativeDecoder.generate_plain
+
+        def tampered(self, *args, **kwargs):
+            out = original(self, *args, **kwargs)
+            return dataclasses.replace(out, tokens=out.tokens + [0])
+
+        monkeypatch.setattr(SpeculativeDecoder, "generate_plain", tampered)
+    else:
+        original_hf = eval.run.hf_generate
+
+        def tampered_hf(*args, **kwargs):
+            tokens, seconds = original_hf(*args, **kwargs)
+            return tokens + [0], seconds
+
+        monkeypatch.setattr(eval.run, "hf_generate", tampered_hf)
+
+
+@pytest.mark.parametrize("plain", [True, False])
+def test_with_baselines_off_identity_is_still_checked_against_the_plain_loop_and_hf(
+    make_job, prompts_jsonl, tmp_path, monkeypatch, plain
+):
+    """Before verdicts, eval.baselines=false compared the decoder with itself: no reference could fail it."""
+    from eval.verdict import read_verdict
+
+    _tamper(monkeypatch, plain)  # training never decodes: only the eval's references change
+    overrides = _eval_overrides(prompts_jsonl, "eval.baselines=false", "eval.calibration=false")
+    with pytest.raises(RuntimeError, match="greedy output differs from the plain loop on"):
+        run(make_job(*overrides, "train.max_steps=2"))
+    identity = read_verdict(tmp_path / "run" / "eval" / "verdict.json").identity
+    assert (identity.plain_mismatches, identity.hf_mismatches) == ((4, 0) if plain else (0, 4))
+    report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
+    assert report["methods"] == ["speculative"] and report["greedy_mismatches"] == 4
 
 
 def test_tree_mode_and_sampling_run(make_job, prompts_jsonl, tmp_path):
+    from eval.verdict import read_verdict
+
     run(make_job(*_eval_overrides(prompts_jsonl, "eval.mode=tree", "eval.baselines=false")))
     report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
     assert report["greedy_mismatches"] == 0 and report["methods"] == ["speculative"]
+    assert report["greedy_checked_turns"] == 4  # against a real plain loop and HF, untimed
     run(make_job(*_eval_overrides(prompts_jsonl, "eval.temperature=1.0", "train.max_steps=6")))
     report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
-    assert report["greedy_mismatches"] is None and report["overall"]["requests"] == 4
+    assert report["overall"]["requests"] == 4
+    # Sampled turns have no token-for-token reference: a greedy pass of the same setting is checked.
+    verdict = read_verdict(tmp_path / "run" / "eval" / "verdict.json")
+    assert verdict.identity == IdentityCheck(turns=4, plain_mismatches=0, hf_mismatches=0, greedy_pass=True)
+    assert verdict.drafting["temperature"] == 1.0 and verdict.drafting["verification"] == "token-wise"
 
 
 def test_eval_refuses_a_head_trained_for_another_target(make_job, tmp_path):
@@ -112,10 +186,10 @@ def test_bench_ranks_settings_on_the_same_interleaved_turns(make_job, prompts_js
 
 
 def test_confidence_head_is_calibrated_on_decoding_and_drives_the_policies(make_job, prompts_jsonl, tmp_path):
-    from train.reuse import files_digest
+    from heads.registry import head_digest
 
     run(make_job())
-    trained = files_digest(tmp_path / "run" / "head")
+    trained = head_digest(tmp_path / "run" / "head")
     run(
         make_job(
             *_eval_overrides(
@@ -141,7 +215,7 @@ def test_confidence_head_is_calibrated_on_decoding_and_drives_the_policies(make_
         fitted["args"]["temperatures"] == calibration["temperatures"]
     )  # one per position, fitted on decoding
     assert len(fitted["args"]["temperatures"]) == 3
-    assert files_digest(tmp_path / "run" / "head") == trained  # the eval left the trained head as it was
+    assert head_digest(tmp_path / "run" / "head") == trained  # the eval left the trained head as it was
     run(make_job(*_eval_overrides(prompts_jsonl, "eval.policy=expected_gain", "eval.baselines=false")))
     report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
     assert report["greedy_mismatches"] == 0 and report["overall"]["requests"] == 4

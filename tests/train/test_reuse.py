@@ -6,7 +6,8 @@ import pytest
 
 import eval.run
 import heads.export
-from train.reuse import changed_keys, files_digest
+from heads.registry import head_digest
+from train.reuse import changed_keys
 from train.run import run
 
 
@@ -44,7 +45,7 @@ def test_a_rerun_reuses_eval_and_export_and_a_changed_setting_reruns_what_depend
 ):
     first = run(_job(make_job, prompts_jsonl))
     head_dir = tmp_path / "run" / "head"
-    trained = files_digest(head_dir)
+    trained = head_digest(head_dir)
     report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
     calibrated = report["head"]["calibrated_dir"]
     assert calibrated == str(tmp_path / "run" / "eval" / "calibrated_head")
@@ -63,7 +64,7 @@ def test_a_rerun_reuses_eval_and_export_and_a_changed_setting_reruns_what_depend
     assert f"eval: reused {tmp_path / 'run' / 'eval'} (head {trained[:12]}, settings unchanged)" in out
     assert "export: reused" in out and "Summary: eagle3 head" in out
     assert second["eval_report"] == first["eval_report"] and second["exports"] == first["exports"]
-    assert files_digest(head_dir) == trained  # neither training's rerun nor the eval rewrote it
+    assert head_digest(head_dir) == trained  # neither training's rerun nor the eval rewrote it
 
     monkeypatch.undo()
     monkeypatch.setattr(eval.run, "evaluate", _fail)
@@ -74,7 +75,7 @@ def test_a_rerun_reuses_eval_and_export_and_a_changed_setting_reruns_what_depend
     monkeypatch.undo()
     run(_job(make_job, prompts_jsonl, "export.min_acceptance_length=1.0", "eval.max_new_tokens=5"))
     out = capsys.readouterr().out
-    assert "eval: rerun (changed: eval.max_new_tokens)" in out and "export: rerun (changed: report)" in out
+    assert "eval: rerun (changed: eval.max_new_tokens)" in out and "export: rerun (changed: verdict)" in out
     assert (
         json.loads((tmp_path / "run" / "eval" / "report.json").read_text())["settings"]["max_new_tokens"] == 5
     )
