@@ -30,25 +30,24 @@ def speedup_table(report: dict) -> list[str]:
     return lines
 
 
-def gate_decision(report: dict, min_acceptance_length: float) -> str:
-    """The export gate's decision, for an export stage that finished (it refuses by raising)."""
-    al = report["overall"]["acceptance_length"]
-    if al >= min_acceptance_length:
-        return f"export gate: passed (AL {al:.2f} >= export.min_acceptance_length={min_acceptance_length})"
-    return (
-        f"export gate: FORCED past it (AL {al:.2f} < export.min_acceptance_length={min_acceptance_length}; "
-        "export.force=true is recorded in every export)"
-    )
-
-
-def next_command(report: dict, exports: Sequence[Path] | None, export_command: str) -> str:
-    """What to do next: train further where speculation does not pay, else serve or export."""
+def next_command(
+    report: dict, exports: Sequence[Path] | None, export_command: str, refused: bool = False
+) -> str:
+    """What to do next: train further where speculation does not pay or the export gate refused
+    the head (saying how to export it anyway), else serve or export."""
     costs = report["costs"]
-    if costs and report["overall"]["acceptance_length"] <= costs["break_even_acceptance_length"]:
-        return (
-            f"a longer run on more of the target's own replies (~80 min on a 2-core CPU): {LONGER_RECIPE}; "
-            "on a CPU, also try prompt lookup: eval.compare=[ngram:4]"
+    slow = bool(costs) and report["overall"]["acceptance_length"] <= costs["break_even_acceptance_length"]
+    if slow or refused:
+        advice = (
+            f"a longer run on more of the target's own replies (~80 min on a 2-core CPU): {LONGER_RECIPE}"
         )
+        if slow:
+            advice += "; on a CPU, also try prompt lookup: eval.compare=[ngram:4]"
+        if refused:
+            advice += (
+                "; to export this head anyway (recorded as forced): the same command with export.force=true"
+            )
+        return advice
     if exports:
         return f"serve it: {Path(exports[0]) / 'README.md'} holds the engine's command"
     return f"export it: {export_command}"

@@ -124,10 +124,16 @@ def run(job: JobConfig) -> dict:
         results["head_dir"] = str(head_dir)
     if accelerator.is_main_process and "eval" in job.stages:
         results["eval_report"] = eval_stage(job, target, log_eval(accelerator))
+    refused = False
     if accelerator.is_main_process and "export" in job.stages:
+        from heads.export.gate import GateRefused
+
         try:
-            results["exports"] = export_stage(job, target)
-        except ValueError as error:  # a refusal of the gate among them: the summary says which
+            results["exports"], results["gate"] = export_stage(job, target)
+        except GateRefused as refusal:  # a verdict, not a crash: the job ends with its summary
+            log.warning("%s", refusal)
+            results["exports"], results["gate"], refused = [], str(refusal), True
+        except ValueError as error:
             print_summary(job, None, f"export: FAILED: {error}")
             raise
     accelerator.wait_for_everyone()
@@ -135,7 +141,7 @@ def run(job: JobConfig) -> dict:
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
-        print_summary(job, results.get("exports"))
+        print_summary(job, results.get("exports"), results.get("gate"), refused)
     return results
 
 
@@ -146,19 +152,23 @@ def target_inputs(job: JobConfig, target) -> dict:
 
 def eval_stage(job: JobConfig, target, log_fn) -> str:
     """Evaluate run_dir/head into run_dir/eval, or reuse the eval there when its inputs (the head's
-    files, the eval settings, the target, the prompts) are unchanged. -> report.json's path."""
+    files, the eval settings, the target, the prompts, the verdict's format) are unchanged.
+    -> report.json's path (verdict.json beside it)."""
     from data.eval_sets import load_eval_set
+    from eval import verdict
     from eval.run import evaluate
+    from heads.registry import head_digest
 
     run_dir = Path(job.run_dir)
     head_dir, out_dir = run_dir / "head", run_dir / "eval"
-    head = reuse.files_digest(head_dir)
+    head = head_digest(head_dir)
     prompts = [dataclasses.asdict(p) for task in job.eval.tasks for p in load_eval_set(task)]
     inputs = {
         "head": head,
         "eval": dataclasses.asdict(job.eval),
         "target": target_inputs(job, target),
         "prompts": hashlib.sha256(json.dumps(prompts).encode()).hexdigest(),
+        "verdict_format": verdict.FORMAT_VERSION,  # an eval from before verdicts reruns
     }
     reused = reuse.reusable("eval", out_dir, inputs) if job.reuse else None
     if reused is not None:
@@ -166,25 +176,26 @@ def eval_stage(job: JobConfig, target, log_fn) -> str:
         return reused[0]
     reuse.forget(out_dir)
     report = str(evaluate(target, head_dir, job.eval, out_dir, log_fn=log_fn))
-    reuse.record(out_dir, inputs, [report])
+    reuse.record(out_dir, inputs, [report, str(out_dir / verdict.VERDICT_FILE)])
     return report
 
 
-def export_stage(job: JobConfig, target) -> list[str]:
+def export_stage(job: JobConfig, target) -> tuple[list[str], str | None]:
     """Export the head as evaluated (with the temperatures the eval fitted, when it fitted them),
-    or reuse the exports when the head, the report, the settings and the target are unchanged."""
+    or reuse the exports when the head, the verdict, the settings and the target are unchanged.
+    -> (the export directories, the gate's decision in words); raises GateRefused."""
+    from eval.verdict import VERDICT_FILE, read_verdict
     from heads.export import export_job
+    from heads.registry import head_digest
     from heads.target import sha256_file
 
     run_dir = Path(job.run_dir)
-    out_dir, report_path = run_dir / "export", run_dir / "eval" / "report.json"
-    head_dir = run_dir / "head"
-    if report_path.is_file():
-        head_dir = Path(json.loads(report_path.read_text())["head"]["calibrated_dir"] or head_dir)
-    head = reuse.files_digest(head_dir)
+    out_dir, verdict_path = run_dir / "export", run_dir / "eval" / VERDICT_FILE
+    head_dir = Path(read_verdict(verdict_path).head_dir) if verdict_path.is_file() else run_dir / "head"
+    head = head_digest(head_dir)
     inputs = {
         "head": head,
-        "report": sha256_file(report_path) if report_path.is_file() else None,
+        "verdict": sha256_file(verdict_path) if verdict_path.is_file() else None,
         "export": dataclasses.asdict(job.export),
         "draft_length": job.eval.draft_length,
         "target": target_inputs(job, target),
@@ -192,30 +203,39 @@ def export_stage(job: JobConfig, target) -> list[str]:
     reused = reuse.reusable("export", out_dir, inputs) if job.reuse else None
     if reused is not None:
         print(
-            f"export: reused {', '.join(reused)} (head {head[:12]}, report and settings unchanged)",
+            f"export: reused {', '.join(reused)} (head {head[:12]}, verdict and settings unchanged)",
             flush=True,
         )
-        return reused
+        return reused, gate_decision(reused)
     reuse.forget(out_dir)
     exports = [str(p) for p in export_job(job, target, head_dir)]
     reuse.record(out_dir, inputs, exports)
-    return exports
+    return exports, gate_decision(exports)
 
 
-def print_summary(job: JobConfig, exports: list[str] | None, failure: str | None = None) -> None:
+def gate_decision(exports: list[str]) -> str | None:
+    """The gate's decision in words, as the exports recorded it (gate.json); None without exports."""
+    from heads.export.gate import GATE_FILE, describe
+
+    if not exports:
+        return None
+    return describe(json.loads((Path(exports[0]) / GATE_FILE).read_text())["gate"])
+
+
+def print_summary(
+    job: JobConfig, exports: list[str] | None, gate: str | None = None, refused: bool = False
+) -> None:
     """The closing summary (eval/summary.py), when run_dir holds an eval report. exports: None
-    when no export stage ran; failure: why the export stage stopped."""
+    when no export stage ran; gate: the gate's decision, or why the export stage stopped;
+    refused: the gate refused the head (the next step then says how to get past it)."""
     from eval.run import export_command
-    from eval.summary import closing_summary, gate_decision, next_command
+    from eval.summary import closing_summary, next_command
 
     report_path = Path(job.run_dir) / "eval" / "report.json"
     if not report_path.is_file():
         return
     report = json.loads(report_path.read_text())
-    gate = failure
-    if exports is not None:
-        gate = gate_decision(report, job.export.min_acceptance_length)
-    step = next_command(report, exports, export_command(report, job.target.name, report_path))
+    step = next_command(report, exports, export_command(report, job.target.name, report_path), refused)
     print(closing_summary(report, report_path, step, exports, gate), flush=True)
 
 

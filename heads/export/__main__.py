@@ -1,6 +1,6 @@
 """Command line for export and import.
 
-    python -m heads.export --head <dir> --target <name> --format sglang --out <dir> [--report <report.json>] [--force]
+    python -m heads.export --head <dir> --target <name> --format sglang --out <dir> [--verdict <verdict.json>] [--force]
     python -m heads.export import --format speculators --path <dir> --target <name> --out <our head dir> [--kind eagle3]
 
 --target is what target.name takes in the job (embedded name, model dir, hub id or .gguf).
@@ -36,13 +36,25 @@ def _export_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", required=True, type=Path, help="the export directory to write")
     parser.add_argument(
-        "--report", type=Path, help="the eval report.json whose acceptance length gates the export"
+        "--verdict", type=Path, help="the eval's verdict.json on this head, which gates the export"
     )
-    parser.add_argument("--min-acceptance-length", type=float, default=ExportConfig.min_acceptance_length)
     parser.add_argument(
-        "--draft-length", type=int, default=EvalConfig.draft_length, help="K used at eval, recorded"
+        "--min-acceptance-length",
+        type=float,
+        default=ExportConfig.min_acceptance_length,
+        help="an AL floor every task must reach (default: beat the break-even the eval measured)",
     )
-    parser.add_argument("--force", action="store_true", help="export even when the gate refuses (recorded)")
+    parser.add_argument(
+        "--draft-length",
+        type=int,
+        default=EvalConfig.draft_length,
+        help="K to serve with when the verdict does not give one",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="export below the gate or without a verdict (recorded in the card and gate.json)",
+    )
     parser.add_argument(
         "--local-verifier",
         action="store_true",
@@ -68,7 +80,9 @@ def _import_parser() -> argparse.ArgumentParser:
 def export_main(argv: list[str]) -> Path:
     args = _export_parser().parse_args(argv)
     layout = layout_for(read_head_config(args.head)["kind"], args.format)
-    verdict = gate(args.report, args.min_acceptance_length, args.force, "--min-acceptance-length", "--force")
+    decision = gate(
+        args.verdict, args.head, args.min_acceptance_length, args.force, "--min-acceptance-length", "--force"
+    )
     target = Target.load(TargetConfig(name=args.target))
     weights = TargetWeights.from_target(target).cpu()
     head = load_head(
@@ -77,9 +91,7 @@ def export_main(argv: list[str]) -> Path:
         lm_head_weight=weights.lm_head_weight,
         target_config=target.config,
     )
-    meta = drafter_meta(
-        args.target, target, args.draft_length, args.min_acceptance_length, verdict, args.local_verifier
-    )
+    meta = drafter_meta(args.target, target, args.draft_length, decision, args.local_verifier)
     return export_head(head, layout, args.out, meta, weights, args.head)
 
 

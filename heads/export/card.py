@@ -6,10 +6,13 @@ a top-level key would be at risk, e.g. vLLM's MedusaConfig renames every top-lev
 containing "num" and "heads" to num_heads. The README says the same for humans.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
+
+from eval.verdict import IdentityCheck
+from heads.export.gate import describe
 
 # Embedded targets as an engine loads them (heads/target.py names them by package).
 ENGINE_TARGET_NAMES = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
@@ -20,11 +23,11 @@ class DrafterMeta:
     target_name: str  # as the job named the target
     target_architectures: list[str]
     tokenizer_hash: str  # heads.target.tokenizer_hash
-    draft_length: int  # K, the draft length the eval used
-    acceptance_length: float | None  # the eval report's overall AL (bonus token included)
-    task_acceptance_length: dict[str, float] = field(default_factory=dict)
-    min_acceptance_length: float | None = None  # the gate
-    forced: bool = False  # exported although the gate refused (export.force=true)
+    draft_length: int  # K a serving engine is told to draft (the verdict's, when it has one)
+    gate: dict[str, Any]  # heads/export/gate.py GateDecision.record(): what the gate decided and why
+    verdict: dict[str, Any] | None = (
+        None  # eval/verdict.py Verdict, as the gate read it (None: forced without)
+    )
     confidence: dict[str, Any] | None = None  # set by heads/export/confidence.py
     target_path: str | None = None  # the directory this machine loaded the target from
     local_verifier: bool = (
@@ -75,14 +78,37 @@ def drafter_section(
         "target": target,
         "draft_vocab_size": draft_vocab_size(head),
         "draft_length": meta.draft_length,
-        "acceptance_length": {"overall": meta.acceptance_length, "task": dict(meta.task_acceptance_length)},
-        "gate": {"min_acceptance_length": meta.min_acceptance_length, "forced": meta.forced},
+        "gate": meta.gate,
+        "verdict": meta.verdict,
         "confidence": meta.confidence,
     }
 
 
-def _al(value: float | None) -> str:
-    return "not measured" if value is None else f"{value:.3f}"
+def _drafting(drafting: dict[str, Any]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in drafting.items())
+
+
+def _verdict_rows(verdict: dict[str, Any] | None) -> list[str]:
+    """The eval verdict the gate read, quoted: AL per task, break-even, drafting, identity, digest."""
+    if verdict is None:
+        return ["| eval verdict | NONE: this head was not evaluated; nothing below the gate was measured |"]
+    identity = IdentityCheck(**verdict["identity"])
+    break_even = verdict["break_even_acceptance_length"]
+    rows = [
+        f"| acceptance length, overall (bonus token included) | {verdict['overall_acceptance_length']:.3f} |"
+    ]
+    rows += [
+        f"| acceptance length, {task} | {al:.3f} |"
+        for task, al in sorted(verdict["acceptance_length"].items())
+    ]
+    rows += [
+        f"| break-even AL on the eval's machine (1 + alpha + beta) | "
+        f"{'not measured' if break_even is None else f'{break_even:.3f}'} |",
+        f"| drafting at eval | {_drafting(verdict['drafting'])} |",
+        f"| greedy output | {identity.describe()} |",
+        f"| evaluated head (sha256 of its files) | `{verdict['head_sha256']}` |",
+    ]
+    return rows
 
 
 def model_card(config: dict[str, Any], engine: str, serve_hint: str, out_dir: str) -> str:
@@ -90,7 +116,6 @@ def model_card(config: dict[str, Any], engine: str, serve_hint: str, out_dir: st
     drafter = config["drafter"]
     target = drafter["target"]
     k = drafter["draft_length"]
-    al = drafter["acceptance_length"]
     gate = drafter["gate"]
     lines = [
         f"# {drafter['head_kind'].upper()} drafter for {target['name']} ({drafter['format']} layout)",
@@ -102,18 +127,16 @@ def model_card(config: dict[str, Any], engine: str, serve_hint: str, out_dir: st
         f"| target | `{target['name']}` (serve it as `{target['serving_name']}`) |",
         f"| tokenizer sha256 | `{target['tokenizer_sha256']}` |",
         f"| draft vocab size | {drafter['draft_vocab_size']} |",
-        f"| draft length K used at eval | {drafter['draft_length']} |",
-        f"| acceptance length, overall (bonus token included) | {_al(al['overall'])} |",
+        f"| draft length K to serve with | {drafter['draft_length']} |",
     ]
-    lines += [f"| acceptance length, {task} | {_al(value)} |" for task, value in sorted(al["task"].items())]
+    lines += _verdict_rows(drafter["verdict"])
     if "layer_ids" in target:
         ids = target["layer_ids"]
         lines.append(
             f"| target layer ids | ours (output of layer i) {ids['ours_output_of_layer']}; "
             f"as written for {drafter['format']}: {ids[drafter['format']]} |"
         )
-    gate_text = f"min acceptance length {gate['min_acceptance_length']}"
-    lines.append(f"| export gate | {gate_text}; forced past it: {'YES' if gate['forced'] else 'no'} |")
+    lines.append(f"| export gate | {describe(gate)} |")
     if drafter["confidence"]:
         conf = drafter["confidence"]
         lines.append(
@@ -139,5 +162,9 @@ def model_card(config: dict[str, Any], engine: str, serve_hint: str, out_dir: st
             "and `python -m heads.export import` brings it back beside the drafter.",
         ]
     if gate["forced"]:
-        lines += ["", "WARNING: exported with export.force=true although the eval gate refused it."]
+        lines += [
+            "",
+            "WARNING: exported with export.force=true although the eval gate refused it: "
+            f"{'; '.join(gate['refusals'])}.",
+        ]
     return "\n".join(lines) + "\n"

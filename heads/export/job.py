@@ -1,4 +1,4 @@
-"""The export stage: the eval gate, then one validated directory per requested format.
+"""The export stage: the eval gate (gate.py), then one validated directory per requested format.
 
 An export is written to `<out>.tmp`, validated there (validate.py) and only then renamed
 over `<out>`, so a directory under <run_dir>/export/ is always one that passed.
@@ -7,15 +7,17 @@ over `<out>`, so a directory under <run_dir>/export/ is always one that passed.
 import json
 import logging
 import shutil
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from safetensors.torch import save_file
 from torch import nn
 
+from eval.verdict import VERDICT_FILE
 from heads.export.card import DrafterMeta, model_card
 from heads.export.confidence import copy_confidence
 from heads.export.formats import formats_for, layout_for
+from heads.export.gate import GATE_FILE, GateDecision, gate
 from heads.export.layouts import CannotExpress, Layout, TargetWeights
 from heads.export.validate import validate_export
 from heads.registry import load_head, read_head_config
@@ -23,66 +25,23 @@ from heads.registry import load_head, read_head_config
 log = logging.getLogger(__name__)
 
 
-def read_eval_report(path: Path) -> tuple[float, dict[str, float]] | None:
-    """(overall AL, AL per task) from eval/report.json; None when there is no report."""
-    if not path.is_file():
-        return None
-    report = json.loads(path.read_text())
-    try:
-        overall = float(report["overall"]["acceptance_length"])
-        per_task = {
-            task: float(summary["acceptance_length"]) for task, summary in report.get("task", {}).items()
-        }
-    except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(
-            f"{path}: needs overall.acceptance_length and task.<name>.acceptance_length ({error!r})"
-        ) from error
-    return overall, per_task
-
-
-def gate(
-    report_path: Path | None,
-    min_acceptance_length: float,
-    force: bool,
-    threshold_name: str = "export.min_acceptance_length",
-    force_setting: str = "export.force=true",
-) -> tuple[float | None, dict[str, float], bool]:
-    """(overall AL, AL per task, forced): refuses unless the eval passed or force is set. The
-    names are the caller's spelling of the two settings (the job's keys, or a tool's flags)."""
-    evaluation = read_eval_report(report_path) if report_path is not None else None
-    if evaluation is None:
-        reason = f"no eval report ({report_path or 'none given'}; run the eval stage first)"
-        overall, per_task = None, {}
-    else:
-        overall, per_task = evaluation
-        if overall >= min_acceptance_length:
-            return overall, per_task, False
-        reason = f"overall acceptance length {overall:.3f} in {report_path} is below {threshold_name}={min_acceptance_length}"
-    if not force:
-        raise ValueError(f"export refused: {reason}; set {force_setting} to export anyway (it is recorded)")
-    log.warning("export forced although %s", reason)
-    return overall, per_task, True
-
-
 def drafter_meta(
     target_name: str,
     target,
     draft_length: int,
-    min_acceptance_length: float,
-    gate_result: tuple[float | None, dict[str, float], bool],
+    decision: GateDecision,
     local_verifier: bool = False,
 ) -> DrafterMeta:
-    """What the export records, from heads.target.Target and the gate's verdict."""
-    overall, per_task, forced = gate_result
+    """What the export records, from heads.target.Target and the gate's decision. draft_length:
+    the K a serving engine is told (the verdict's when it has one)."""
+    drafting = decision.verdict.drafting if decision.verdict is not None else {}
     return DrafterMeta(
         target_name=target_name,
         target_architectures=list(getattr(target.config, "architectures", None) or []),
         tokenizer_hash=target.tokenizer_hash,
-        draft_length=draft_length,
-        acceptance_length=overall,
-        task_acceptance_length=per_task,
-        min_acceptance_length=min_acceptance_length,
-        forced=forced,
+        draft_length=drafting.get("draft_length", drafting.get("depth", draft_length)),
+        gate=decision.record(),
+        verdict=asdict(decision.verdict) if decision.verdict is not None else None,
         target_path=target.model_dir,
         local_verifier=local_verifier,
     )
@@ -95,6 +54,8 @@ def _write(
     tensors = {name: t.detach().contiguous() for name, t in layout.tensors(head, target).items()}
     save_file(tensors, str(tmp / layout.weights_file), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    record = {"gate": meta.gate, "verdict": meta.verdict}
+    (tmp / GATE_FILE).write_text(json.dumps(record, indent=2) + "\n")
     (tmp / "README.md").write_text(model_card(config, layout.engine, layout.serve_hint, str(out_dir)))
 
 
@@ -135,8 +96,8 @@ def export_job(job, target, head_dir: str | Path) -> list[Path]:
     kind = read_head_config(head_dir)["kind"]
     names = formats_for(kind) if job.export.formats is None else job.export.formats
     layouts = [layout_for(kind, name) for name in names]  # every name checked before any write
-    report_path = Path(job.run_dir) / "eval" / "report.json"
-    overall, per_task, forced = gate(report_path, job.export.min_acceptance_length, job.export.force)
+    verdict_path = Path(job.run_dir) / "eval" / VERDICT_FILE
+    decision = gate(verdict_path, head_dir, job.export.min_acceptance_length, job.export.force)
     weights = TargetWeights.from_target(target).cpu()
     head = load_head(
         head_dir,
@@ -144,14 +105,7 @@ def export_job(job, target, head_dir: str | Path) -> list[Path]:
         lm_head_weight=weights.lm_head_weight,
         target_config=target.config,
     )
-    meta = drafter_meta(
-        job.target.name,
-        target,
-        job.eval.draft_length,
-        job.export.min_acceptance_length,
-        (overall, per_task, forced),
-        job.export.local_verifier,
-    )
+    meta = drafter_meta(job.target.name, target, job.eval.draft_length, decision, job.export.local_verifier)
     exported = []
     for layout in layouts:
         try:

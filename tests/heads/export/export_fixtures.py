@@ -1,10 +1,14 @@
 """Tiny trained-looking heads for the export tests: every tensor random (a norm of ones or a
 zero ResBlock would let a swapped or default tensor pass unnoticed)."""
 
+from dataclasses import asdict, replace
+
 import torch
 
+from eval.verdict import IdentityCheck, Verdict
 from heads.draft_vocab import DraftVocab, build_draft_vocab
 from heads.export import DrafterMeta, TargetWeights
+from heads.export.gate import GateDecision
 from heads.registry import build_head
 from tests.heads.head_fixtures import LAYER_IDS, tiny_target
 
@@ -72,16 +76,31 @@ def share_medusa_layers(head):
     return head
 
 
+def verdict(head_sha256: str = "e" * 64, **overrides) -> Verdict:
+    """A clean verdict: mt_bench 2.25, gsm8k 2.75 against a break-even of 1.5, identity held."""
+    clean = Verdict(
+        head_dir="run/eval/calibrated_head",
+        head_sha256=head_sha256,
+        trained_head_sha256=head_sha256,
+        head_kind="eagle3",
+        drafting={"drafter": "eagle3 chain", "policy": "static", "draft_length": 4, "temperature": 0.0},
+        acceptance_length={"mt_bench": 2.25, "gsm8k": 2.75},
+        overall_acceptance_length=2.5,
+        break_even_acceptance_length=1.5,
+        identity=IdentityCheck(turns=16, plain_mismatches=0, hf_mismatches=0, greedy_pass=False),
+    )
+    return replace(clean, **overrides)
+
+
 def meta(**overrides) -> DrafterMeta:
+    decision = GateDecision(verdict(), 1.5, "> the break-even 1.500", refusals=(), forced=False)
     settings = dict(
         target_name="tiny-llama",
         target_architectures=["LlamaForCausalLM"],
         tokenizer_hash="f" * 64,
         draft_length=4,
-        acceptance_length=2.5,
-        task_acceptance_length={"mt_bench": 2.25, "gsm8k": 2.75},
-        min_acceptance_length=1.2,
-        forced=False,
+        gate=decision.record(),
+        verdict=asdict(decision.verdict),
     )
     settings.update(overrides)
     return DrafterMeta(**settings)

@@ -126,11 +126,22 @@ def test_every_config_and_card_record_the_drafter(tmp_path, kind, format_name):
     assert drafter["target"]["tokenizer_sha256"] == "f" * 64
     assert drafter["draft_vocab_size"] == (DRAFT_VOCAB if kind == "eagle3" else 128)
     assert drafter["draft_length"] == 4
-    assert drafter["acceptance_length"] == {"overall": 2.5, "task": {"mt_bench": 2.25, "gsm8k": 2.75}}
-    assert drafter["gate"] == {"min_acceptance_length": 1.2, "forced": False}
+    assert drafter["verdict"]["acceptance_length"] == {"mt_bench": 2.25, "gsm8k": 2.75}
+    assert drafter["gate"]["passed"] is True and drafter["gate"]["forced"] is False
+    assert json.loads((out / "gate.json").read_text()) == {
+        "gate": drafter["gate"],
+        "verdict": drafter["verdict"],
+    }
     card = (out / "README.md").read_text()
-    for fact in ("tiny-llama", "f" * 64, "2.500", "mt_bench | 2.250", "gsm8k | 2.750", "K used at eval | 4"):
-        assert fact in card
+    facts = ["tiny-llama", "f" * 64, "e" * 64, "overall (bonus token included) | 2.500", "mt_bench | 2.250"]
+    facts += [
+        "gsm8k | 2.750",
+        "K to serve with | 4",
+        "break-even AL on the eval's machine (1 + alpha + beta) | 1.500",
+    ]
+    facts += ["drafting at eval | drafter eagle3 chain, policy static, draft_length 4, temperature 0.0"]
+    facts += ["16 turns: 0 mismatches against the plain loop, 0 against HF generate", "export gate: passed"]
+    assert all(fact in card for fact in facts), card
 
 
 def test_an_embedded_target_is_named_by_its_hub_id_for_engines(tmp_path):

@@ -1,0 +1,122 @@
+"""The export gate: an export ships only a head whose eval verdict (eval/verdict.py) vouches for it.
+
+Two conditions are about trust and no setting lifts them: the verdict names this head (its
+digest equals the digest of the head directory being exported) and greedy identity held on
+every checked turn (against the plain loop and HF `generate`). A verdict that fails either
+would make the card quote figures that are not about this head, or a decoder that is not
+lossless. The third is about worth: every task's acceptance length must beat the break-even
+the eval measured on its machine (1 + alpha + beta: speculation pays there), or reach an
+absolute floor when `export.min_acceptance_length` sets one. Only this one (and a missing
+verdict) can be forced, and a forced export says so in its card and in gate.json.
+"""
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from eval.verdict import Verdict, read_verdict
+from heads.registry import head_digest
+
+log = logging.getLogger(__name__)
+
+GATE_FILE = "gate.json"  # in every export: the decision and the verdict it read
+
+
+class GateRefused(ValueError):
+    """The gate refused an export; the message says why and which setting would force it."""
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    verdict: Verdict | None  # None: no verdict was given or found (only a forced export gets here)
+    threshold: float | None  # the AL every task had to clear; None when none could be set
+    rule: str  # the threshold in words, with the setting that chose it
+    refusals: tuple[str, ...]  # why the gate refused, one reason each; empty: it passed
+    forced: bool  # exported although it refused
+
+    @property
+    def passed(self) -> bool:
+        return not self.refusals
+
+    def describe(self) -> str:
+        return describe(self.record())
+
+    def record(self) -> dict[str, Any]:
+        """gate.json and the exported config's "drafter"."gate" (the verdict goes beside it)."""
+        fields = asdict(self) | {"passed": self.passed, "refusals": list(self.refusals)}
+        return {key: value for key, value in fields.items() if key != "verdict"}
+
+
+def describe(record: dict[str, Any]) -> str:
+    """A gate record in one line, for the log, the job's summary and the card."""
+    if record["passed"]:
+        return f"export gate: passed (every task's AL {record['rule']})"
+    verdict = "FORCED past it" if record["forced"] else "REFUSED"
+    return f"export gate: {verdict}: {'; '.join(record['refusals'])}"
+
+
+def untrusted(verdict: Verdict, head_dir: Path, where: Path) -> list[str]:
+    """What makes a verdict say nothing about this head: another digest, or identity failures."""
+    problems = []
+    digest = head_digest(head_dir)
+    if verdict.head_sha256 != digest:
+        problems.append(
+            f"the verdict {where} is about head {verdict.head_sha256[:12]} ({verdict.head_dir}), "
+            f"not {head_dir} ({digest[:12]}): export the head it evaluated, or evaluate this one"
+        )
+    identity = verdict.identity
+    if identity.mismatches or not identity.turns:
+        problems.append(f"greedy identity failed in {where}: {identity.describe()}")
+    return problems
+
+
+def threshold_for(verdict: Verdict, floor: float | None, floor_name: str) -> tuple[float | None, str]:
+    """(threshold, rule in words): the floor when set, else the measured break-even."""
+    if floor is not None:
+        return floor, f">= {floor} ({floor_name})"
+    if verdict.break_even_acceptance_length is None:
+        return None, f"no break-even measured for a {verdict.head_kind} head: set {floor_name}"
+    break_even = verdict.break_even_acceptance_length
+    return break_even, f"> the break-even {break_even:.3f} (1 + alpha + beta measured by the eval)"
+
+
+def below(verdict: Verdict, threshold: float | None, floor: float | None, rule: str) -> list[str]:
+    """A reason per task whose AL does not clear the threshold (a floor is reached at equality)."""
+    if threshold is None:
+        return [rule]
+    return [
+        f"{task} AL {al:.3f} is not {rule}"
+        for task, al in sorted(verdict.acceptance_length.items())
+        if not (al >= threshold if floor is not None else al > threshold)
+    ]
+
+
+def gate(
+    verdict_path: Path | None,
+    head_dir: Path,
+    min_acceptance_length: float | None,
+    force: bool,
+    floor_name: str = "export.min_acceptance_length",
+    force_setting: str = "export.force=true",
+) -> GateDecision:
+    """Decide on exporting head_dir; raises GateRefused unless it passes or is forced. The names
+    are the caller's spelling of the two settings (the job's keys, or the tool's flags)."""
+    if verdict_path is None or not Path(verdict_path).is_file():
+        verdict, threshold, rule = None, min_acceptance_length, "no verdict"
+        refusals = [f"no eval verdict ({verdict_path or 'none given'}; run the eval first)"]
+    else:
+        verdict = read_verdict(verdict_path)
+        problems = untrusted(verdict, Path(head_dir), Path(verdict_path))
+        if problems:
+            raise GateRefused(f"export refused: {'; '.join(problems)} (no setting forces this)")
+        threshold, rule = threshold_for(verdict, min_acceptance_length, floor_name)
+        refusals = below(verdict, threshold, min_acceptance_length, rule)
+    decision = GateDecision(verdict, threshold, rule, tuple(refusals), forced=bool(refusals) and force)
+    if refusals and not force:
+        raise GateRefused(
+            f"export refused: {'; '.join(refusals)}; set {force_setting} to export anyway "
+            "(recorded in the card and gate.json)"
+        )
+    (log.warning if decision.forced else log.info)("%s", decision.describe())
+    return decision
