@@ -9,7 +9,7 @@ python -m heads.export --help                          the same from the command
 from heads.export.card import DrafterMeta
 from heads.export.formats import LAYOUTS, formats_for, layout_for
 from heads.export.importer import import_head, import_to_head_dir
-from heads.export.job import export_head, export_job, gate
+from heads.export.job import export_head, export_job
 from heads.export.layer_ids import from_engine_layer_ids, to_engine_layer_ids
 from heads.export.layouts import TargetWeights
 
@@ -21,7 +21,6 @@ __all__ = [
     "export_job",
     "formats_for",
     "from_engine_layer_ids",
-    "gate",
     "import_head",
     "import_to_head_dir",
     "layout_for",

@@ -91,7 +91,9 @@ def _drafting(drafting: dict[str, Any]) -> str:
 def _verdict_rows(verdict: dict[str, Any] | None) -> list[str]:
     """The eval verdict the gate read, quoted: AL per task, break-even, drafting, identity, digest."""
     if verdict is None:
-        return ["| eval verdict | NONE: this head was not evaluated; nothing below the gate was measured |"]
+        return [
+            "| eval verdict | NONE: exported without an eval (forced): no AL or identity check stands behind it |"
+        ]
     identity = IdentityCheck(**verdict["identity"])
     break_even = verdict["break_even_acceptance_length"]
     rows = [

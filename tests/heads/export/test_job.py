@@ -179,7 +179,7 @@ def test_a_forced_export_without_a_verdict_says_it_was_not_evaluated(tmp_path, t
     (path,) = export_job(_job(tmp_path, formats=["vllm"], force=True), target, head_dir)
     record = json.loads((path / GATE_FILE).read_text())
     assert record["verdict"] is None and record["gate"]["forced"] is True
-    assert "| eval verdict | NONE: this head was not evaluated" in (path / "README.md").read_text()
+    assert "| eval verdict | NONE: exported without an eval (forced)" in (path / "README.md").read_text()
 
 
 def test_force_passing_the_gate_is_not_recorded_as_forced(tmp_path, target):
