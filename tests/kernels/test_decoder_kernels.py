@@ -4,7 +4,9 @@ verification and KV compaction (under the interpreter) inside eval's decoder, as
 import pytest
 import torch
 
-pytest.importorskip("triton")
+from tests.kernels.triton_required import import_triton
+
+import_triton()
 
 from eval.decoder import SpeculativeDecoder, TreeDrafting  # noqa: E402
 from eval.tree import causal_mask  # noqa: E402

@@ -5,7 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("triton")
+from tests.kernels.triton_required import import_triton
+
+import_triton()
 
 from kernels.fused_kl import KLBlocks, fused_soft_kl  # noqa: E402
 from kernels.soft_kl_reference import soft_kl_reference  # noqa: E402

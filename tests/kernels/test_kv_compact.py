@@ -4,7 +4,9 @@ interpreter) against the reference, overlapping ranges, and untouched regions le
 import pytest
 import torch
 
-pytest.importorskip("triton")
+from tests.kernels.triton_required import import_triton
+
+import_triton()
 
 from heads.kv_cache import KVCache  # noqa: E402
 from kernels.kv_compact import compact_kv_triton  # noqa: E402

@@ -1,8 +1,12 @@
-"""The registry picks the kernel or the reference from the device, the argument and the env."""
+"""The registry picks the kernel or the reference from the device, the argument and the env;
+the kernel tests need Triton in CI."""
+
+import sys
 
 import pytest
 
 from kernels import registry
+from tests.kernels.triton_required import import_triton
 
 
 def test_auto_picks_the_reference_on_cpu_and_the_kernel_on_cuda(monkeypatch):
@@ -38,3 +42,11 @@ def test_unknown_names_are_errors(monkeypatch):
         registry.kernel("soft_kl", "cpu")
     with pytest.raises(ValueError, match="unknown kernel op 'softmax'"):
         registry.kernel("softmax", "cpu", impl="reference")
+
+
+@pytest.mark.parametrize("ci, outcome", [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_a_missing_triton_fails_the_kernel_tests_in_ci_and_skips_them_elsewhere(monkeypatch, ci, outcome):
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now raises ImportError
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="Triton does not import"):
+        import_triton()

@@ -4,7 +4,9 @@ kernel (under the Triton interpreter) against the reference on random batched tr
 import pytest
 import torch
 
-pytest.importorskip("triton")
+from tests.kernels.triton_required import import_triton
+
+import_triton()
 
 from kernels.tree_metadata import tree_metadata_triton  # noqa: E402
 from kernels.tree_metadata_reference import tree_metadata_reference  # noqa: E402

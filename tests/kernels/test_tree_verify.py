@@ -5,7 +5,9 @@ continuations against the target's exact distribution (chi-square, stated power)
 import pytest
 import torch
 
-triton = pytest.importorskip("triton")
+from tests.kernels.triton_required import import_triton
+
+triton = import_triton()
 
 from eval.tree import select_children  # noqa: E402
 from kernels.tree_metadata_reference import tree_metadata_reference  # noqa: E402
