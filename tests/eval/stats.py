@@ -29,3 +29,26 @@ def chi_square(samples: torch.Tensor, exact: torch.Tensor) -> tuple[float, int]:
     expected = exact[possible].double() * samples.numel()
     statistic = ((counts[possible] - expected) ** 2 / expected).sum().item()
     return statistic, int(possible.sum()) - 1
+
+
+def transition_chi_square(sequences: list[list[int]], kernel: torch.Tensor) -> tuple[float, int, int]:
+    """Pearson's test of a Markov chain's transition counts (Anderson & Goodman 1957).
+
+    sequences: runs of tokens, each starting with its context token; kernel [V, V]: the exact
+    P(next | current). -> (statistic, degrees of freedom, transitions). Each row of counts is
+    compared with its own total times the kernel's row, so the dof are sum_a (cells_a - 1).
+    """
+    vocab = kernel.shape[0]
+    counts = torch.zeros(vocab * vocab, dtype=torch.float64)
+    for seq in sequences:
+        pairs = torch.tensor(seq[:-1]) * vocab + torch.tensor(seq[1:])
+        counts += torch.bincount(pairs, minlength=vocab * vocab).double()
+    counts = counts.view(vocab, vocab)
+    possible = kernel > 0
+    assert counts[~possible].sum() == 0, "a transition the target cannot make was sampled"
+    visited = counts.sum(dim=1) > 0
+    expected = counts.sum(dim=1, keepdim=True) * kernel.double()
+    cells = possible & visited.unsqueeze(1)
+    statistic = ((counts[cells] - expected[cells]) ** 2 / expected[cells]).sum().item()
+    dof = int((possible.sum(dim=1) - 1)[visited].sum())
+    return statistic, dof, int(counts.sum())
