@@ -14,9 +14,10 @@ import os
 import resource
 import shutil
 import time
-from contextlib import contextmanager, nullcontext
-from dataclasses import asdict
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
@@ -138,6 +139,61 @@ def train(
     """Train the head described by job.head; returns the directory of the saved head, or None
     when the run stopped at train.stop_at_step (checkpointed, to be resumed)."""
     cfg = job.train
+    check_train_config(cfg)
+    run = setup(job, accelerator, target, train_rows, val_rows, objective)
+    state = resume(run)
+    build_features(run)
+    last_step = cfg.stop_at_step or cfg.max_steps
+    window = MetricWindow(run, state)
+    while state.step < last_step:
+        window.append(train_step(run, state))
+        state.step += 1
+        if state.step % cfg.log_every == 0 or state.step == last_step:
+            window.flush(state)
+        if len(val_rows) and (state.step % cfg.val_every == 0 or state.step == cfg.max_steps):
+            validation(run, state)
+        if state.step % cfg.checkpoint_every == 0 or state.step == last_step:
+            save_checkpoint(accelerator, run.run_dir / "checkpoints", state)
+        if cfg.snapshot_every and state.step % cfg.snapshot_every == 0:
+            snapshot(run, state.step)
+    window.close(state)
+    if state.step < cfg.max_steps:  # stopped at train.stop_at_step
+        return None
+    return finish(run, state)
+
+
+@dataclass
+class Run:
+    """Everything the loop's steps share, built once by `setup` (features by `build_features`)."""
+
+    job: JobConfig
+    accelerator: Accelerator
+    target: Target
+    train_rows: Any
+    val_rows: Any
+    model: torch.nn.Module  # the objective as accelerate prepared it (wrapped under DDP / DeepSpeed)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    params: list[torch.Tensor]  # the trained ones
+    whole: Objective | None  # ZeRO-3: a whole copy of the objective to gather the trained weights into
+    layer_ids: list[int]
+    head_args: dict
+    autocast: AbstractContextManager
+    plan: BatchPlan
+    features: FeatureSource | None = None
+    val_features: FeatureSource | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.job.run_dir)
+
+    @property
+    def pad_id(self) -> int:
+        return self.target.tokenizer.pad_token_id
+
+
+def check_train_config(cfg) -> None:
+    """Refuse train.* values the loop cannot honour, before anything is built."""
     if cfg.hidden_states not in ("online", "offline"):
         raise ValueError(f"train.hidden_states={cfg.hidden_states!r}; choose online or offline")
     if cfg.precision not in ("fp32", "bf16"):
@@ -146,7 +202,11 @@ def train(
         raise ValueError(f"train.snapshot_every={cfg.snapshot_every}: expected 0 (never) or a step count")
     if not 0 <= cfg.stop_at_step <= cfg.max_steps:
         raise ValueError(f"train.stop_at_step={cfg.stop_at_step}: expected 0 (never) up to train.max_steps")
-    run_dir = Path(job.run_dir)
+
+
+def setup(job: JobConfig, accelerator: Accelerator, target: Target, train_rows, val_rows, objective) -> Run:
+    """Seed, build the objective (unless given), its optimizer and schedule, and hand them to accelerate."""
+    cfg = job.train
     torch.manual_seed(cfg.seed)
     objective = objective or build_objective(job.head, target, train_rows, cfg)
     params = [p for p in objective.parameters() if p.requires_grad]
@@ -166,128 +226,173 @@ def train(
         for param in objective.parameters():
             register_external_parameter(objective, param)
     accelerator.register_for_checkpointing(scheduler)
-
-    state = TrainerState(0, 0, 0, job.head.kind, head_args, asdict(job))
-    resume_dir = find_resume_dir(cfg.resume, run_dir / "checkpoints")
-    if resume_dir is not None:
-        restored = load_checkpoint(accelerator, resume_dir, job.head.kind)
-        _warn_overrides(restored.config, state.config)
-        state.step, state.tokens, state.bad_steps = restored.step, restored.tokens, restored.bad_steps
-    if accelerator.is_main_process:
-        keep_validations_up_to(run_dir / VAL_METRICS, state.step)
-
-    cache = None
-    if cfg.hidden_states == "offline":
-        cache_dir = run_dir / "hidden_cache"
-        with accelerator.main_process_first():
-            if accelerator.is_main_process:
-                build_hidden_cache(target, train_rows, layer_ids, cache_dir)
-        cache = HiddenCache(cache_dir, target, layer_ids, train_rows)
-    features = FeatureSource(target, layer_ids, cache)
-    val_features = FeatureSource(target, layer_ids, None)  # the cache holds train rows only
-    plan = BatchPlan(len(train_rows), cfg.batch_size, cfg.grad_accum, accelerator.num_processes, cfg.seed)
-    pad_id = target.tokenizer.pad_token_id
     autocast = (
         torch.autocast(accelerator.device.type, dtype=torch.bfloat16)
         if cfg.precision == "bf16"
         else nullcontext()
     )
-
-    pending: list[dict[str, torch.Tensor]] = []  # per-step metrics, still on the device
-    tick, tokens_at_tick = time.perf_counter(), state.tokens
-    started, tokens_at_start, first_step = tick, state.tokens, state.step
-    bar = tqdm(total=cfg.max_steps, initial=state.step, desc="train", disable=not accelerator.is_main_process)
-    last_step = cfg.stop_at_step or cfg.max_steps
-    while state.step < last_step:
-        model.train()
-        accelerator.step = 0  # micro-batch counter of accelerate's accumulate(): one optimizer step
-        step_tokens = torch.zeros((), device=accelerator.device)
-        step_metrics: dict[str, torch.Tensor] = {}
-        grad_norm = None
-        for micro in range(cfg.grad_accum):
-            rows = plan.rows(state.step, micro, accelerator.process_index)
-            batch = pad_rows([train_rows[i] for i in rows], pad_id)
-            with accelerator.accumulate(model):
-                feats = features(rows, batch)
-                with autocast:
-                    loss, metrics = model(feats)
-                accelerator.backward(loss)
-                step_tokens += feats.attention_mask.sum()
-                for k, v in metrics.items():
-                    step_metrics[k] = step_metrics.get(k, 0) + v.detach().float() / cfg.grad_accum
-                if accelerator.sync_gradients:
-                    grad_norm = accelerator.clip_grad_norm_(params, cfg.grad_clip)
-        # One host sync per step: a non-finite loss must skip the update on every rank.
-        finite = bool(torch.isfinite(accelerator.reduce(step_metrics["loss"], "sum")))
-        if finite:
-            optimizer.step()
-            state.bad_steps = 0
-        else:
-            state.bad_steps += 1
-            log.warning("step %d: non-finite loss, update skipped (%d in a row)", state.step, state.bad_steps)
-            if state.bad_steps >= cfg.max_bad_steps:
-                raise RuntimeError(
-                    f"{state.bad_steps} consecutive non-finite losses at step {state.step}: stopping. "
-                    "Lower train.lr, use train.precision=fp32, or check the data."
-                )
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        state.step += 1
-        bar.update(1)
-        pending.append(
-            {
-                **step_metrics,
-                "grad_norm": torch.as_tensor(float("nan") if grad_norm is None else grad_norm).detach(),
-                "tokens": accelerator.reduce(step_tokens, "sum"),
-                "lr": torch.tensor(scheduler.get_last_lr()[0]),
-            }
-        )
-        if state.step % cfg.log_every == 0 or state.step == last_step:
-            rows_logged = _flush(pending)
-            state.tokens += int(sum(r["tokens"] for r in rows_logged))
-            elapsed = time.perf_counter() - tick
-            tokens_per_s = (state.tokens - tokens_at_tick) / max(elapsed, 1e-9)
-            first = state.step - len(rows_logged) + 1
-            for offset, row in enumerate(rows_logged):
-                accelerator.log(
-                    {f"train/{k}": v for k, v in row.items()} | {"train/tokens_per_s": tokens_per_s},
-                    step=first + offset,
-                )
-            bar.set_postfix(loss=f"{rows_logged[-1]['loss']:.3f}", tok_s=f"{tokens_per_s:.0f}")
-            pending, tick, tokens_at_tick = [], time.perf_counter(), state.tokens
-        if len(val_rows) and (state.step % cfg.val_every == 0 or state.step == cfg.max_steps):
-            val = validate(model, val_features, val_rows, cfg, pad_id)
-            accelerator.log(val, step=state.step)
-            if accelerator.is_main_process:
-                record_validation(run_dir / VAL_METRICS, state, val)
-        if state.step % cfg.checkpoint_every == 0 or state.step == last_step:
-            save_checkpoint(accelerator, run_dir / "checkpoints", state)
-        if cfg.snapshot_every and state.step % cfg.snapshot_every == 0:
-            trained = trained_objective(accelerator, model, whole)
-            if accelerator.is_main_process:
-                save_snapshot(trained, target, run_dir / SNAPSHOTS / f"step-{state.step}")
-    bar.close()
-    seconds = time.perf_counter() - started
-    log.info(
-        "rank %d: steps %d-%d, %d tokens over all ranks in %.1f s (%.0f tokens/s); peak memory %.2f GB",
-        accelerator.process_index, first_step, state.step, state.tokens - tokens_at_start, seconds,
-        (state.tokens - tokens_at_start) / max(seconds, 1e-9), peak_memory_gb(),
+    plan = BatchPlan(len(train_rows), cfg.batch_size, cfg.grad_accum, accelerator.num_processes, cfg.seed)
+    return Run(
+        job, accelerator, target, train_rows, val_rows, model, optimizer, scheduler, params, whole,
+        layer_ids, head_args, autocast, plan,
     )  # fmt: skip
-    if state.step < cfg.max_steps:  # stopped at train.stop_at_step
-        return None
-    if not zero3(accelerator):  # ZeRO-3 ranks hold different shards, not copies
-        accelerator.log({"train/rank_weight_spread": weight_spread(accelerator, params)}, step=state.step)
-    head_dir = run_dir / "head"
-    objective = trained_objective(accelerator, model, whole)
+
+
+def resume(run: Run) -> TrainerState:
+    """The state to start from: the latest (or named) checkpoint's, else step 0. Validations
+    recorded after it are dropped: the resumed run redoes them."""
+    job, accelerator = run.job, run.accelerator
+    state = TrainerState(0, 0, 0, job.head.kind, run.head_args, asdict(job))
+    resume_dir = find_resume_dir(job.train.resume, run.run_dir / "checkpoints")
+    if resume_dir is not None:
+        restored = load_checkpoint(accelerator, resume_dir, job.head.kind)
+        _warn_overrides(restored.config, state.config)
+        state.step, state.tokens, state.bad_steps = restored.step, restored.tokens, restored.bad_steps
     if accelerator.is_main_process:
-        if objective.confidence is not None and not len(val_rows):
+        keep_validations_up_to(run.run_dir / VAL_METRICS, state.step)
+    return state
+
+
+def build_features(run: Run) -> None:
+    """Where hidden states come from: the target online, or the offline cache (rank 0 builds it,
+    the others wait and read it). Validation always runs the target: the cache holds train rows."""
+    cache = None
+    if run.job.train.hidden_states == "offline":
+        cache_dir = run.run_dir / "hidden_cache"
+        with run.accelerator.main_process_first():
+            if run.accelerator.is_main_process:
+                build_hidden_cache(run.target, run.train_rows, run.layer_ids, cache_dir)
+        cache = HiddenCache(cache_dir, run.target, run.layer_ids, run.train_rows)
+    run.features = FeatureSource(run.target, run.layer_ids, cache)
+    run.val_features = FeatureSource(run.target, run.layer_ids, None)
+
+
+def train_step(run: Run, state: TrainerState) -> dict[str, torch.Tensor]:
+    """One optimizer step over train.grad_accum micro-batches -> its metrics, still on the device."""
+    cfg, accelerator, model = run.job.train, run.accelerator, run.model
+    model.train()
+    accelerator.step = 0  # micro-batch counter of accelerate's accumulate(): one optimizer step
+    step_tokens = torch.zeros((), device=accelerator.device)
+    step_metrics: dict[str, torch.Tensor] = {}
+    grad_norm = None
+    for micro in range(cfg.grad_accum):
+        rows = run.plan.rows(state.step, micro, accelerator.process_index)
+        batch = pad_rows([run.train_rows[i] for i in rows], run.pad_id)
+        with accelerator.accumulate(model):
+            feats = run.features(rows, batch)
+            with run.autocast:
+                loss, metrics = model(feats)
+            accelerator.backward(loss)
+            step_tokens += feats.attention_mask.sum()
+            for k, v in metrics.items():
+                step_metrics[k] = step_metrics.get(k, 0) + v.detach().float() / cfg.grad_accum
+            if accelerator.sync_gradients:
+                grad_norm = accelerator.clip_grad_norm_(run.params, cfg.grad_clip)
+    update_if_finite(run, state, step_metrics["loss"])
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    return {
+        **step_metrics,
+        "grad_norm": torch.as_tensor(float("nan") if grad_norm is None else grad_norm).detach(),
+        "tokens": accelerator.reduce(step_tokens, "sum"),
+        "lr": torch.tensor(run.scheduler.get_last_lr()[0]),
+    }
+
+
+def update_if_finite(run: Run, state: TrainerState, loss: torch.Tensor) -> None:
+    """Apply the step unless some rank's loss is not finite; stop after train.max_bad_steps in a
+    row. The step's one host sync: every rank must take the same branch, before the update."""
+    cfg = run.job.train
+    if bool(torch.isfinite(run.accelerator.reduce(loss, "sum"))):
+        run.optimizer.step()
+        state.bad_steps = 0
+        return
+    state.bad_steps += 1
+    log.warning("step %d: non-finite loss, update skipped (%d in a row)", state.step, state.bad_steps)
+    if state.bad_steps >= cfg.max_bad_steps:
+        raise RuntimeError(
+            f"{state.bad_steps} consecutive non-finite losses at step {state.step}: stopping. "
+            "Lower train.lr, use train.precision=fp32, or check the data."
+        )
+
+
+class MetricWindow:
+    """Per-step metrics kept on the device and read with one transfer per log interval; the
+    progress bar, throughput and the run's closing line."""
+
+    def __init__(self, run: Run, state: TrainerState):
+        self.accelerator = run.accelerator
+        self.pending: list[dict[str, torch.Tensor]] = []
+        self.tick, self.tokens_at_tick = time.perf_counter(), state.tokens
+        self.started, self.tokens_at_start, self.first_step = self.tick, state.tokens, state.step
+        self.bar = tqdm(
+            total=run.job.train.max_steps,
+            initial=state.step,
+            desc="train",
+            disable=not self.accelerator.is_main_process,
+        )
+
+    def append(self, metrics: dict[str, torch.Tensor]) -> None:
+        self.pending.append(metrics)
+        self.bar.update(1)
+
+    def flush(self, state: TrainerState) -> None:
+        """Log every pending step at its own step number; count its tokens into the state."""
+        rows = _flush(self.pending)
+        state.tokens += int(sum(r["tokens"] for r in rows))
+        elapsed = time.perf_counter() - self.tick
+        tokens_per_s = (state.tokens - self.tokens_at_tick) / max(elapsed, 1e-9)
+        first = state.step - len(rows) + 1
+        for offset, row in enumerate(rows):
+            self.accelerator.log(
+                {f"train/{k}": v for k, v in row.items()} | {"train/tokens_per_s": tokens_per_s},
+                step=first + offset,
+            )
+        self.bar.set_postfix(loss=f"{rows[-1]['loss']:.3f}", tok_s=f"{tokens_per_s:.0f}")
+        self.pending, self.tick, self.tokens_at_tick = [], time.perf_counter(), state.tokens
+
+    def close(self, state: TrainerState) -> None:
+        self.bar.close()
+        seconds = time.perf_counter() - self.started
+        tokens = state.tokens - self.tokens_at_start
+        log.info(
+            "rank %d: steps %d-%d, %d tokens over all ranks in %.1f s (%.0f tokens/s); peak memory %.2f GB",
+            self.accelerator.process_index, self.first_step, state.step, tokens, seconds,
+            tokens / max(seconds, 1e-9), peak_memory_gb(),
+        )  # fmt: skip
+
+
+def validation(run: Run, state: TrainerState) -> None:
+    """Held-out metrics, logged, and appended to val_metrics.jsonl by rank 0."""
+    val = validate(run.model, run.val_features, run.val_rows, run.job.train, run.pad_id)
+    run.accelerator.log(val, step=state.step)
+    if run.accelerator.is_main_process:
+        record_validation(run.run_dir / VAL_METRICS, state, val)
+
+
+def snapshot(run: Run, step: int) -> None:
+    """The head as it is now under snapshots/step-N (collective under ZeRO-3: every rank calls it)."""
+    trained = trained_objective(run.accelerator, run.model, run.whole)
+    if run.accelerator.is_main_process:
+        save_snapshot(trained, run.target, run.run_dir / SNAPSHOTS / f"step-{step}")
+
+
+def finish(run: Run, state: TrainerState) -> Path:
+    """Check the ranks agree, fit the confidence temperatures on held-out rows, save the head."""
+    accelerator = run.accelerator
+    if not zero3(accelerator):  # ZeRO-3 ranks hold different shards, not copies
+        accelerator.log({"train/rank_weight_spread": weight_spread(accelerator, run.params)}, step=state.step)
+    head_dir = run.run_dir / "head"
+    objective = trained_objective(accelerator, run.model, run.whole)
+    if accelerator.is_main_process:
+        if objective.confidence is not None and not len(run.val_rows):
             log.info("no validation split (data.val_fraction=0): confidence temperatures left at 1")
         elif objective.confidence is not None:
             # First fit on the held-out split's own tokens; eval refits on real decoding.
-            fit = calibrate_on_batches(objective, _val_batches(val_features, val_rows, cfg, pad_id))
-            log.info("confidence temperatures (held-out proxy): %s", fit)
+            batches = _val_batches(run.val_features, run.val_rows, run.job.train, run.pad_id)
+            log.info("confidence temperatures (held-out proxy): %s", calibrate_on_batches(objective, batches))
         objective.save_pretrained(head_dir)
-        target.save_identity(head_dir)
+        run.target.save_identity(head_dir)
     accelerator.wait_for_everyone()
     return head_dir
 
