@@ -87,3 +87,25 @@ def test_a_saved_head_for_another_hidden_size_names_the_field(tmp_path):
             lm_head_weight=model.lm_head.weight,
             target_config=tiny_llama_config(hidden_size=32),
         )
+
+
+def test_training_lowers_the_loss_on_a_fixed_batch():
+    """EAGLE-1's objective (SmoothL1 on the next feature + 0.1 soft CE) falls below a quarter of
+    its start in 20 AdamW steps on one batch (measured: 0.63 -> 0.05, so a quarter leaves room
+    for seeds and still fails a head whose gradients stop reaching the loss)."""
+    from train.losses import eagle1_loss
+
+    model = tiny_target(initializer_range=0.2)  # sharper target distributions than the default
+    input_ids, attention_mask = _batch(seq=24)
+    _, final_hidden = target_features(model, input_ids, attention_mask)
+    head = _head(model).train()
+    optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=3e-3)
+    losses = []
+    for _ in range(20):
+        predicted = head(final_hidden, input_ids, attention_mask)
+        loss = eagle1_loss(predicted, model.lm_head.weight, final_hidden, attention_mask, chunk_size=16).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.25 * losses[0], (losses[0], losses[-1])

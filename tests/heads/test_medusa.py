@@ -66,3 +66,32 @@ def test_a_head_that_does_not_fit_the_target_names_the_field(tmp_path):
         MedusaHead.from_pretrained(tmp_path, target_config=tiny_llama_config(vocab_size=256))
     with pytest.raises(ValueError, match="num_heads"):
         MedusaHead.from_target(model.config, lm_head_weight=model.lm_head.weight, num_heads=0, num_layers=1)
+
+
+def test_training_lowers_the_loss_on_a_fixed_batch():
+    """Medusa's self-distilled loss (heads weighted 0.8^i) falls below half its start in 20 AdamW
+    steps on one batch (measured: 4.98 -> 1.60; half leaves room for seeds, and a head that does
+    not learn stays near its start)."""
+    from tests.heads.head_fixtures import target_features
+    from train.losses import medusa_loss
+
+    model = tiny_target(initializer_range=0.2)
+    input_ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(1))
+    attention_mask = torch.ones_like(input_ids)
+    _, final_hidden = target_features(model, input_ids, attention_mask)
+    torch.manual_seed(0)
+    head = MedusaHead.from_target(
+        model.config, lm_head_weight=model.lm_head.weight, num_heads=3, num_layers=1
+    )
+    optimizer = torch.optim.AdamW(head.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(20):
+        lm_heads = [lm_head.weight for lm_head in head.lm_heads]
+        result = medusa_loss(
+            head(final_hidden), lm_heads, final_hidden, model.lm_head.weight, attention_mask, chunk_size=16
+        )
+        optimizer.zero_grad()
+        result.loss.backward()
+        optimizer.step()
+        losses.append(result.loss.item())
+    assert losses[-1] < 0.5 * losses[0], (losses[0], losses[-1])
