@@ -82,6 +82,27 @@ def test_the_real_medusa_head_decodes_as_the_target(target, reference):
         assert generation.metrics.proposed_tokens > 0
 
 
+@pytest.mark.parametrize("drafting", ["chain", "tree"])
+def test_the_real_eagle3_head_decodes_as_the_target(target, reference, drafting):
+    """The head class training saves, over a reduced draft vocabulary (96 of 128 ids)."""
+    from heads.draft_vocab import build_draft_vocab
+    from heads.eagle3 import Eagle3Head
+
+    torch.manual_seed(0)
+    head = Eagle3Head.from_target(
+        target.config,
+        embed_weight=target.model.embed_tokens.weight,
+        draft_vocab=build_draft_vocab(torch.arange(128, 0, -1), 96),
+        target_layer_ids=[0, 1, 1],
+        lm_head_weight=target.lm_head.weight,
+    ).eval()
+    decoder = SpeculativeDecoder(target, head, DRAFTINGS[drafting], max_len=MAX_LEN)
+    for prompt, expected in zip(PROMPTS, reference):
+        generation = decoder.generate(prompt, NEW_TOKENS)
+        assert generation.tokens == expected
+        assert generation.metrics.proposed_tokens > 0
+
+
 def full_sequence_cache(model, tokens: list[int], cache_len: int) -> list[KVCache]:
     cached = CachedTarget(model)
     cache = cached.new_cache(1, cache_len)
