@@ -82,14 +82,16 @@ def threshold_for(verdict: Verdict, floor: float | None, floor_name: str) -> tup
 
 
 def below(verdict: Verdict, threshold: float | None, floor: float | None, rule: str) -> list[str]:
-    """A reason per task whose AL does not clear the threshold (a floor is reached at equality)."""
+    """The reason, naming every task whose AL does not clear the threshold (a floor is reached
+    at equality, the break-even must be beaten); none when every task clears it."""
     if threshold is None:
         return [rule]
-    return [
-        f"{task} AL {al:.3f} is not {rule}"
+    failing = [
+        f"{task} AL {al:.3f}"
         for task, al in sorted(verdict.acceptance_length.items())
         if not (al >= threshold if floor is not None else al > threshold)
     ]
+    return [f"{', '.join(failing)} {'is' if len(failing) == 1 else 'are'} not {rule}"] if failing else []
 
 
 def gate(

@@ -32,7 +32,7 @@ def test_a_refusing_gate_ends_the_job_with_its_summary_not_a_traceback(make_job,
     job = make_job("stages=[prepare,train,eval,export]", "eval.prompts_per_task=2", "eval.max_new_tokens=6")
     results = run(job)  # the tiny random head does not beat its measured break-even
     assert results["exports"] == [] and not (tmp_path / "run" / "export").exists()
-    assert results["gate"].startswith("export refused: ") and "is not > the break-even" in results["gate"]
+    assert results["gate"].startswith("export refused: ") and " not > the break-even " in results["gate"]
     out = capsys.readouterr().out
     summary = out[out.index("Summary:") :]
     assert "export refused: " in summary and "exports  none" in summary
