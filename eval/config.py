@@ -47,11 +47,13 @@ class EvalConfig:
     # the chain judged as a whole, never fewer accepted drafts in expectation, same output
     # distribution). Greedy decoding and trees are unaffected.
     verification: str = "token"
-    # 0 = greedy. top_p / top_k are applied identically to target and draft.
+    # 0 = greedy. top_p / top_k are applied identically to target and draft. Above 0, greedy
+    # identity (eval/verdict.py) is checked on an extra greedy pass of the same setting per turn.
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
-    # Time the plain loop and HF generate (greedy + prompt lookup) on the same prompts.
+    # Time the plain loop and HF generate (greedy + prompt lookup) on the same prompts. Off, the
+    # plain loop and HF greedy still decode every turn, untimed: the verdict's identity check.
     baselines: bool = True
     # On a CUDA target: replay decode, verify and draft steps as CUDA graphs (eval/cuda_graphs.py).
     # Ignored on CPU.
