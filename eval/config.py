@@ -20,8 +20,10 @@ class EvalConfig:
     # policy_threshold ends it (trees keep the nodes of highest survival); expected_gain:
     # draft while the next token's survival pays its measured cost (alpha, beta), and verify
     # only the drafts whose survival pays for verifying them (none: a plain step); ngram: prompt
-    # lookup, no head (eval/ngram.py: what followed the text's last 3..1 tokens earlier), e.g. as
-    # eval.compare=[ngram:8] beside the head on the same turns.
+    # lookup, no head (eval/drafting/ngram.py: what followed the text's last 3..1 tokens earlier), e.g. as
+    # eval.compare=[ngram:8] beside the head on the same turns; hybrid_<policy> (e.g. hybrid_static,
+    # hybrid_expected_gain): the n-gram draft in rounds where the text matches, the head's chain
+    # under <policy> otherwise (eval/drafting/hybrid.py).
     policy: str = "static"
     policy_threshold: float = 0.3
     # More chain settings "policy:K" (e.g. static:2, draft_prob:8) decoded on the same turns,

@@ -129,10 +129,21 @@ def build_report(records: Sequence[Record], methods: Sequence[str], costs: dict 
     if costs:
         threshold = costs["break_even_acceptance_length"]
         for kind in groups:
-            for summary in report[kind].values():
-                summary["speculation_pays"] = summary["acceptance_length"] > threshold
+            for name, summary in report[kind].items():
+                bucket_threshold = threshold
+                if kind == "prompt_bucket" and costs.get("buckets"):  # priced at its own context length
+                    bucket_threshold = bucket_costs(name, costs["buckets"])["break_even_acceptance_length"]
+                summary["speculation_pays"] = summary["acceptance_length"] > bucket_threshold
         report["overall"]["speculation_pays"] = report["overall"]["acceptance_length"] > threshold
     return report
+
+
+def bucket_costs(bucket: str, buckets: dict[str, dict]) -> dict:
+    """The costs measured at the context nearest a prompt bucket's middle ("128-511" -> 256 of
+    128/256/512/1024; an open-ended bucket counts as twice its lower edge)."""
+    low, high = bucket.split("-")
+    middle = (int(low) + (2 * int(low) if high == "inf" else int(high) + 1)) / 2
+    return buckets[min(buckets, key=lambda context: abs(int(context) - middle))]
 
 
 def markdown(report: dict) -> str:
@@ -243,6 +254,17 @@ def _costs(report: dict) -> list[str]:
     if costs.get("verify_costs"):
         curve = ", ".join(f"{cost:.2f}" for cost in costs["verify_costs"])
         lines.append(f"Verifying 0, 1, 2, ... drafts costs {curve} target steps.")
+    if costs.get("buckets"):
+        lines += [
+            "",
+            "| context tokens | target step (ms) | α | β | break-even AL |",
+            "|---|---|---|---|---|",
+        ]
+        for context, bucket in costs["buckets"].items():
+            lines.append(
+                f"| {context} | {bucket['target_step_ms']:.1f} | {bucket['alpha']:.3f} | {bucket['beta']:.3f} "
+                f"| {bucket['break_even_acceptance_length']:.2f} |"
+            )
     return lines
 
 

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import logging
 import shutil
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,8 +36,17 @@ from data.eval_sets import EvalPrompt, load_eval_set
 from eval.baselines import hf_generate
 from eval.calibration import evaluate_calibration
 from eval.config import EvalConfig
-from eval.decoder import ChainDrafting, MedusaTreeDrafting, NgramDrafting, SpeculativeDecoder, TreeDrafting
+from eval.decoder import (
+    COST_CONTEXTS,
+    ChainDrafting,
+    HybridDrafting,
+    MedusaTreeDrafting,
+    NgramDrafting,
+    SpeculativeDecoder,
+    TreeDrafting,
+)
 from eval.policies import (
+    MAX_DRAFT_LEN,
     ConfidenceThreshold,
     DraftProbabilityThreshold,
     StaticDraftLength,
@@ -46,7 +54,6 @@ from eval.policies import (
 )
 from eval.report import Record, build_report, write_report
 from eval.summary import closing_summary, next_command
-from eval.tree import causal_mask
 from eval.verdict import VERDICT_FILE, IdentityCheck, Verdict, write_verdict
 from eval.verify import SamplingParams
 from heads.confidence import load_confidence
@@ -57,6 +64,7 @@ log = logging.getLogger(__name__)
 
 CALIBRATED_HEAD = "calibrated_head"  # in the eval's out dir
 PROMPT_LOOKUP_TOKENS = 10  # HF's prompt-lookup n-gram draft length (SPEC.md §7 reference)
+HYBRID = "hybrid_"  # eval.policy=hybrid_<policy>: n-gram drafts where they match, the head's otherwise
 SPECULATIVE, PLAIN, HF_GREEDY, HF_LOOKUP = "speculative", "plain", "hf_greedy", "hf_prompt_lookup"
 
 
@@ -87,15 +95,23 @@ def make_decoder(
             by_confidence=cfg.policy == "confidence",
         )
     elif cfg.mode == "chain":
+        policy, hybrid = cfg.policy, cfg.policy.startswith(HYBRID)
+        if hybrid:  # the n-gram draft where the text matches, the head's chain under `policy` otherwise
+            policy = policy.removeprefix(HYBRID)
         policies = {
             "static": lambda: StaticDraftLength(cfg.draft_length),
             "draft_prob": lambda: DraftProbabilityThreshold(cfg.draft_length, cfg.policy_threshold),
             "confidence": lambda: ConfidenceThreshold(cfg.draft_length, cfg.policy_threshold),
             "expected_gain": lambda: expected_gain_from_costs(cfg.draft_length, costs),
         }
-        if cfg.policy not in policies:
-            raise ValueError(f"eval.policy={cfg.policy!r}; choose one of {sorted(policies)}")
-        drafting = ChainDrafting(policies[cfg.policy]())
+        if policy not in policies:
+            raise ValueError(
+                f"eval.policy={cfg.policy!r}; choose one of {sorted(policies)}, ngram, "
+                f"or {HYBRID}<policy> (e.g. {HYBRID}static)"
+            )
+        drafting = ChainDrafting(policies[policy]())
+        if hybrid:
+            drafting = HybridDrafting(drafting, NgramDrafting(draft_length=cfg.draft_length))
     else:
         raise ValueError(f"eval.mode={cfg.mode!r}; choose chain or tree")
     return SpeculativeDecoder(
@@ -243,59 +259,17 @@ class Runner:
         return tokens, seconds, metrics
 
 
+COST_CONTEXT_ROOM = max(COST_CONTEXTS) + MAX_DRAFT_LEN + 2  # a cost decoder's max_len
+COST_HEADLINE_CONTEXT = 256  # the context whose costs price expected_gain and the overall verdict
+
+
 @torch.no_grad()
-def measure_costs(decoder: SpeculativeDecoder, cfg: EvalConfig, context: int = 256, reps: int = 8) -> dict:
-    """α: drafting one round / one plain target step; β: verifying K + 1 tokens minus one
-    plain step, over one plain step; verify_costs[V]: verifying the root and V drafts, V = 0..K
-    (chains), over one plain step. Measured here, on this machine, at `context` tokens; each
-    figure is the median of `reps` timings, so one preempted call does not move it."""
-    plain = decoder.plain
-    context = min(context, plain.max_len - cfg.draft_length - 2)
-    prompt = torch.randint(0, plain.vocab_size, (1, context), device=plain.device)
-    plain.forward(prompt, 0)
-    verify_len = decoder.drafting.verify_room if cfg.mode == "tree" else cfg.draft_length + 1
-    one = prompt[:, -1:]
-
-    def timed(fn) -> float:
-        fn()  # warm-up
-        times = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    step = timed(lambda: plain.forward(one, context))
-    verify = {1: step}
-    for tokens in range(2, verify_len + 1) if cfg.mode == "chain" else [verify_len]:
-        verify[tokens] = timed(lambda window=prompt[:, -tokens:]: plain.forward(window, context))
-    draft_round = 0.0
-    if hasattr(decoder.drafter, "step"):
-        hidden = decoder.drafter.project_features(
-            *(lambda out: (out.hidden_states, out.final_hidden))(
-                plain.forward(one, context, layer_ids=decoder.layer_ids)
-            )
-        )
-        slot = plain.slots[context : context + 1]
-        mask = causal_mask(context, 1, decoder.drafter_cache_len, plain.device)
-        one_draft = timed(
-            lambda: decoder.drafter.step(hidden, one, slot.unsqueeze(0), decoder.drafter_cache, slot, mask)
-        )
-        draft_round = cfg.draft_length * one_draft
-    alpha, beta = draft_round / step, (verify[verify_len] - step) / step
-    costs = {
-        "context_tokens": context,
-        "target_step_ms": 1000 * step,
-        "verify_ms": 1000 * verify[verify_len],
-        "verify_tokens": verify_len,
-        "draft_round_ms": 1000 * draft_round,
-        "alpha": alpha,
-        "beta": beta,
-        "break_even_acceptance_length": 1 + alpha + beta,
-    }
-    if cfg.mode == "chain":
-        costs["verify_costs"] = [verify[tokens] / step for tokens in range(1, verify_len + 1)]
-    return costs
+def measure_costs(decoder: SpeculativeDecoder) -> dict:
+    """The decoder's measured costs (SpeculativeDecoder.measure_costs) at the headline context,
+    with every context bucket's under "buckets" (the report's per-bucket verdicts read those)."""
+    buckets = decoder.measure_costs()
+    headline = min(buckets, key=lambda context: abs(int(context) - COST_HEADLINE_CONTEXT))
+    return {**buckets[headline], "buckets": buckets}
 
 
 def evaluate(
@@ -342,7 +316,9 @@ def evaluate(
     costs = None
     if kind != "medusa":
         static = dataclasses.replace(cfg, policy="static", draft_length=deepest)
-        costs = measure_costs(make_decoder(target, head, kind, static, max_len), static)
+        # Long enough to time every context bucket the target allows, whatever the eval's prompts need.
+        cost_len = min(max(max_len, COST_CONTEXT_ROOM), target.config.max_position_embeddings)
+        costs = measure_costs(make_decoder(target, head, kind, static, cost_len))
     decoders = {
         name: make_decoder(target, head, kind, variant, max_len, confidence, costs)
         for name, variant in variants.items()

@@ -3,6 +3,7 @@ import torch
 
 from eval.decoder import (
     ChainDrafting,
+    HybridDrafting,
     MedusaTreeDrafting,
     NgramDrafting,
     SpeculativeDecoder,
@@ -44,6 +45,7 @@ DRAFTINGS = {
     "chain": ChainDrafting(StaticDraftLength(4)),
     "chain-threshold": ChainDrafting(DraftProbabilityThreshold(max_draft_len=6, threshold=0.3)),
     "tree": TreeDrafting(depth=4, top_k=3, budget=10),
+    "hybrid": HybridDrafting(ChainDrafting(StaticDraftLength(4)), NgramDrafting(draft_length=4, min_ngram=2)),
 }
 
 
@@ -139,9 +141,10 @@ def test_kv_cache_after_partly_accepted_trees_equals_direct_decoding(target, mon
         )
 
 
-@pytest.mark.parametrize("drafting", ["chain", "tree"])
+@pytest.mark.parametrize("drafting", ["chain", "tree", "hybrid"])
 def test_drafter_sees_each_target_feature_with_the_next_token(target, drafting):
-    """EAGLE's shift: the feature of position t, the token at t + 1, RoPE position t."""
+    """EAGLE's shift: the feature of position t, the token at t + 1, RoPE position t (after a
+    hybrid's n-gram rounds too, which leave their positions for the head's next catch-up)."""
     drafter = eagle_drafter(target, "good")
     decoder = SpeculativeDecoder(target, drafter, DRAFTINGS[drafting], max_len=MAX_LEN)
     prompt = PROMPTS[0]
@@ -158,7 +161,10 @@ def test_drafter_sees_each_target_feature_with_the_next_token(target, drafting):
             assert call["input_ids"][0, column] == sequence[position + 1]
             covered.append(position)
     assert sorted(covered) == list(range(len(covered)))  # each position once, none skipped
-    assert len(covered) >= len(sequence) - 1 - 8  # all but the last round's commits
+    if drafting == "hybrid":  # positions after the last head round stay pending
+        assert len(covered) > len(prompt) and decoder.strategy.rounds["ngram"] > 0
+    else:
+        assert len(covered) >= len(sequence) - 1 - 8  # all but the last round's commits
 
 
 @pytest.mark.parametrize("drafting", DRAFTINGS, ids=list(DRAFTINGS))
@@ -182,7 +188,7 @@ def test_counters_follow_the_spec(target, drafting):
         assert metrics.accepted_per_position == sorted(metrics.accepted_per_position, reverse=True)
 
 
-@pytest.mark.parametrize("drafting", ["chain", "tree"])
+@pytest.mark.parametrize("drafting", ["chain", "tree", "hybrid"])
 def test_eos_stops_output_and_tokens_after_it_do_not_count(target, drafting):
     prompt = PROMPTS[0]
     free_run = SpeculativeDecoder(target, eagle_drafter(target, "good"), DRAFTINGS[drafting], MAX_LEN)
@@ -265,6 +271,7 @@ E2E_DRAFTINGS = {
     "chain-block": ChainDrafting(StaticDraftLength(3)),  # block verification (below)
     "tree": TreeDrafting(depth=3, top_k=2, budget=6),
     "medusa": MedusaTreeDrafting(),
+    "hybrid": HybridDrafting(ChainDrafting(StaticDraftLength(3)), NgramDrafting(draft_length=3)),
 }
 
 
@@ -341,3 +348,34 @@ def test_ngram_sampled_generations_follow_the_target():
     assert 0 < accepted < proposed  # both acceptances and rejections happened
     statistic, dof = chi_square(torch.tensor(samples), exact_continuations(target, prompt, 3, sampling))
     assert statistic < chi_square_critical(dof)
+
+
+def test_hybrid_drafts_from_the_text_where_it_matches_and_from_the_head_elsewhere(target, reference):
+    decoder = SpeculativeDecoder(
+        target, eagle_drafter(target, "random"), DRAFTINGS["hybrid"], max_len=MAX_LEN
+    )
+    for prompt, expected in zip(PROMPTS, reference):
+        assert decoder.generate(prompt, NEW_TOKENS).tokens == expected
+    rounds = decoder.strategy.rounds
+    assert rounds["ngram"] > 0 and rounds["head"] > 0
+
+
+def test_costs_are_measured_per_context_bucket(target):
+    """alpha times the strategy's whole round (catch-up included), beta the verify forward;
+    contexts that do not fit the cache are left out, and one that fits is always timed."""
+    decoder = SpeculativeDecoder(target, eagle_drafter(target, "good"), DRAFTINGS["chain"], max_len=MAX_LEN)
+    costs = decoder.measure_costs(contexts=(16, 48, 4096), reps=2)
+    assert list(costs) == ["16", "48"]
+    for context, bucket in costs.items():
+        assert bucket["context_tokens"] == int(context)
+        assert bucket["alpha"] > 0 and bucket["target_step_ms"] > 0
+        assert len(bucket["verify_costs"]) == 5 and bucket["verify_costs"][0] == 1.0
+        assert bucket["break_even_acceptance_length"] == 1 + bucket["alpha"] + bucket["beta"]
+    assert list(decoder.measure_costs(contexts=(4096,), reps=1)) == [str(MAX_LEN - 5 - 2)]
+    tree = SpeculativeDecoder(target, eagle_drafter(target, "good"), DRAFTINGS["tree"], max_len=MAX_LEN)
+    assert "verify_costs" not in tree.measure_costs(contexts=(16,), reps=1)["16"]
+    # The decoder still decodes exactly after its caches served the timings.
+    assert (
+        decoder.generate(PROMPTS[0], NEW_TOKENS).tokens
+        == greedy_reference(target, PROMPTS[:1], NEW_TOKENS)[0]
+    )

@@ -1,6 +1,6 @@
 import pytest
 
-from eval.ngram import NgramIndex
+from eval.drafting.ngram import NgramIndex
 
 
 def test_the_longest_suffix_seen_before_drafts_what_followed_its_latest_occurrence():

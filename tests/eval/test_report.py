@@ -66,3 +66,13 @@ def test_each_method_is_timed_over_its_own_output_length():
     assert summary["ms_per_token_speculative"] == 1000 * 2.0 / 40
     assert summary["ms_per_token_plain"] == 1000 * 1.0 / 10
     assert summary["speedup_vs_plain"] == (1000 / 10) / (2000 / 40)
+
+
+def test_prompt_buckets_are_priced_at_their_own_context():
+    from eval.report import bucket_costs
+
+    buckets = {str(c): {"break_even_acceptance_length": c / 100} for c in (128, 256, 512, 1024)}
+    assert bucket_costs("0-127", buckets) is buckets["128"]
+    assert bucket_costs("128-511", buckets) is buckets["256"]
+    assert bucket_costs("512-2047", buckets) is buckets["1024"]
+    assert bucket_costs("2048-inf", buckets) is buckets["1024"]

@@ -1,0 +1,121 @@
+"""An EAGLE-3 / EAGLE-1 head at decode time, shared by chain, tree and hybrid drafting.
+
+Catch-up: the positions committed last round go through the drafter with the target's own
+features (EAGLE's shift: the feature of position t with the token at t + 1, at RoPE position
+t), overwriting what drafting wrote there; its last output is the first draft distribution.
+After the prefill this is the whole prompt. Drafting then steps on the drafter's own hidden
+state. The drafter's cache needs no rollback: the next catch-up overwrites draft-time entries.
+"""
+
+from typing import Protocol
+
+import torch
+
+from eval.cuda_graphs import GraphedForward
+from eval.drafting.base import DecodeState
+from eval.plain_decoder import PlainDecoder
+from eval.tree import causal_mask
+from heads.confidence import ConfidenceHead
+from heads.kv_cache import KVCache
+
+
+class EagleDrafter(Protocol):
+    """What the decoder needs from an EAGLE-3 / EAGLE-1 head (heads/)."""
+
+    target_layer_ids: list[int]  # target hidden states it reads (docs/ARCHITECTURE.md ids)
+    draft_token_ids: torch.Tensor  # [draft_V] target id of each draft id
+
+    def project_features(self, hidden_states: list[torch.Tensor], final_hidden: torch.Tensor) -> torch.Tensor:
+        """Target hidden states ([B, S, H_t] per layer id) + final hidden -> features [B, S, H]."""
+        ...
+
+    def new_cache(
+        self, batch_size: int, max_len: int, device: torch.device, dtype: torch.dtype
+    ) -> list[KVCache]: ...
+
+    def step(
+        self,
+        features: torch.Tensor,  # [B, S, H] feature of position t
+        input_ids: torch.Tensor,  # [B, S] token at t + 1 (target vocabulary)
+        positions: torch.Tensor,  # [B, S] RoPE position t
+        cache: list[KVCache],
+        cache_positions: torch.Tensor,  # [S] slots its K/V are written at
+        attn_mask: torch.Tensor,  # [B or 1, 1, S, max_len] bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (hidden [B, S, H], the next feature when drafting on; draft_logits [B, S, draft_V])."""
+        ...
+
+
+class EagleRunner:
+    def __init__(
+        self,
+        drafter: EagleDrafter,
+        plain: PlainDecoder,
+        confidence: ConfidenceHead | None,
+        max_len: int,
+        draft_room: int,  # drafter cache slots a round may write past the committed tokens
+        max_step_tokens: int,  # the most tokens one drafter step takes (CUDA graphs)
+    ):
+        if drafter is None or not hasattr(drafter, "step"):
+            raise ValueError(
+                f"this drafting needs an EAGLE-3 / EAGLE-1 head, got drafter={type(drafter).__name__}"
+            )
+        self.drafter, self.plain, self.confidence = drafter, plain, confidence
+        self.device = plain.device
+        self.layer_ids = list(drafter.target_layer_ids)
+        self.draft_token_ids = drafter.draft_token_ids.to(self.device)
+        lowest, highest = self.draft_token_ids.min().item(), self.draft_token_ids.max().item()
+        if lowest < 0 or highest >= plain.vocab_size:
+            raise ValueError(
+                f"drafter.draft_token_ids name ids outside the target vocabulary of {plain.vocab_size}: "
+                "was the head trained for another target?"
+            )
+        if self.draft_token_ids.unique().numel() != self.draft_vocab:
+            raise ValueError(
+                "drafter.draft_token_ids repeats target ids: the draft vocabulary map is corrupt"
+            )
+        self.cache_len = max_len + draft_room
+        self.cache = drafter.new_cache(1, self.cache_len, self.device, plain.target.dtype)
+        self.step = self._eager_step
+        if plain.cuda_graphs:
+            self.step = GraphedForward(self._eager_step, max_tokens=max_step_tokens, token_dim_arg=1)
+
+    @property
+    def draft_vocab(self) -> int:
+        return self.draft_token_ids.numel()
+
+    def _eager_step(self, features, input_ids, positions, cache_positions, mask):
+        return self.drafter.step(features, input_ids, positions, self.cache, cache_positions, mask)
+
+    def features(self, hidden_states: list[torch.Tensor], final_hidden: torch.Tensor) -> torch.Tensor:
+        return self.drafter.project_features(hidden_states, final_hidden)
+
+    def catch_up(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the pending positions through the drafter -> (last hidden [1, 1, H], logits [1, draft_V])."""
+        length = state.pending_ids.shape[1]
+        start = state.committed - 1 - length
+        slots = self.plain.slots[start : start + length]
+        mask = causal_mask(start, length, self.cache_len, self.device)
+        hidden, logits = self.step(state.pending_features, state.pending_ids, slots.unsqueeze(0), slots, mask)
+        state.drop_pending()
+        return hidden[:, -1:], logits[:, -1]
+
+    def chain_step(
+        self, hidden: torch.Tensor, token: torch.Tensor, position: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One draft step: hidden [1, 1, H] and the token drafted from it [1], at RoPE position
+        (and slot) `position` -> (hidden [1, 1, H], logits [1, draft_V])."""
+        slot = self.plain.slots[position : position + 1]
+        mask = causal_mask(position, 1, self.cache_len, self.device)
+        hidden, logits = self.step(hidden, token.unsqueeze(0), slot.unsqueeze(0), slot, mask)
+        return hidden, logits[:, -1]
+
+    def to_target_vocab(self, draft_probs: torch.Tensor) -> torch.Tensor:
+        """[..., draft_V] -> [..., V]: target tokens outside the draft vocabulary get probability 0."""
+        target_probs = draft_probs.new_zeros(*draft_probs.shape[:-1], self.plain.vocab_size)
+        return target_probs.index_copy_(draft_probs.dim() - 1, self.draft_token_ids, draft_probs)
+
+    def confidence_logits(self, hidden: torch.Tensor, consumed: torch.Tensor) -> torch.Tensor | None:
+        """Uncalibrated confidence logits [n] of drafts made from hidden [n, H], whose step
+        consumed the tokens `consumed` [n]; None without a confidence head."""
+        return None if self.confidence is None else self.confidence(hidden, consumed)

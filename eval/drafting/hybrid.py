@@ -1,0 +1,77 @@
+"""Hybrid drafting: each round, the n-gram draft where the text's last tokens occurred before
+(prompt lookup, eval/drafting/ngram.py: free to make and, where it matches, often long), the
+EAGLE head's chain otherwise (its policy decides that round's length, as in chain drafting).
+
+The head's drafter keeps up through n-gram rounds without running: their committed positions
+stay pending and the head's next catch-up consumes them in one forward. Both kinds of round are
+verified by the same exact rules, so greedy and sampled output stay the target's.
+"""
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from eval.drafting.base import DecodeState, Proposal
+from eval.drafting.chain import ChainDrafting, ChainStrategy
+from eval.drafting.eagle import EagleDrafter
+from eval.drafting.ngram import NgramDrafting, NgramStrategy
+from eval.plain_decoder import GREEDY, PlainDecoder
+from eval.verify import SamplingParams
+from heads.confidence import ConfidenceHead
+
+
+@dataclass(frozen=True)
+class HybridDrafting:
+    chain: ChainDrafting
+    ngram: NgramDrafting = NgramDrafting()
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.chain.max_depth, self.ngram.max_depth)
+
+    @property
+    def verify_room(self) -> int:
+        return max(self.chain.verify_room, self.ngram.verify_room)
+
+    @property
+    def needs_confidence(self) -> bool:
+        return self.chain.needs_confidence
+
+    def build(
+        self, drafter: EagleDrafter, plain: PlainDecoder, confidence: ConfidenceHead | None, max_len: int
+    ) -> "HybridStrategy":
+        return HybridStrategy(
+            self, self.chain.build(drafter, plain, confidence, max_len), NgramStrategy(self.ngram, plain)
+        )
+
+
+class HybridStrategy:
+    def __init__(self, setting: HybridDrafting, head: ChainStrategy, ngram: NgramStrategy):
+        self.setting, self.head, self.ngram = setting, head, ngram
+        self.max_depth, self.verify_room = setting.max_depth, setting.verify_room
+        self.layer_ids = head.layer_ids
+        self.features = head.features
+        self._head_round = False
+        self.rounds = {"ngram": 0, "head": 0}  # rounds drafted by each, over the strategy's life
+
+    def start_request(self, tokens: torch.Tensor) -> None:
+        self.head.start_request(tokens)
+        self.ngram.start_request(tokens)
+
+    def propose(self, state: DecodeState, left: int, sampling: SamplingParams, generator) -> Proposal:
+        proposal = self.ngram.lookup(left, sampling)
+        self._head_round = proposal is None
+        self.rounds["head" if self._head_round else "ngram"] += 1
+        return self.head.propose(state, left, sampling, generator) if proposal is None else proposal
+
+    def end_round(self, proposal: Proposal, accepted: int, new_tokens: list[int]) -> None:
+        if self._head_round:
+            self.head.end_round(proposal, accepted, new_tokens)
+        self.ngram.end_round(proposal, accepted, new_tokens)
+
+    def draft_cost(self, state: DecodeState) -> float:
+        """A head round's cost, its failed lookup included (an n-gram round costs only the lookup)."""
+        start = time.perf_counter()
+        self.ngram.lookup(self.max_depth + 1, GREEDY)
+        return time.perf_counter() - start + self.head.draft_cost(state)
