@@ -62,14 +62,17 @@ class PlainDecoder:
         kv_bucket: int = 128,
         cache_room: int = 0,
         cuda_graphs: bool = False,
+        linears: str = "auto",
     ):
         """max_len: prompt + new tokens. eos_token_id: None = the model's generation config.
         kv_bucket: attention reads the cache up to the next multiple of it (fewer shapes,
         less work than the whole cache). cache_room: extra slots for draft tokens.
         cuda_graphs: on a CUDA target, replay forwards of up to cache_room + 1 tokens (decode
         steps, verification) as CUDA graphs (eval/cuda_graphs.py); attention then always
-        reads the whole cache, so that one graph serves every position."""
-        self.target = CachedTarget(target_model)
+        reads the whole cache, so that one graph serves every position.
+        linears: the target's Linear path (heads/packed_linear.py): auto (prepacked on CPU fp32)
+        or torch (the reference; benchmarks time both)."""
+        self.target = CachedTarget(target_model, linears)
         limit = target_model.config.max_position_embeddings
         if not 1 <= max_len <= limit:
             raise ValueError(f"max_len={max_len}: must be in [1, max_position_embeddings={limit}]")
