@@ -219,6 +219,7 @@ def test_confidence_head_is_calibrated_on_decoding_and_drives_the_policies(make_
     run(make_job(*_eval_overrides(prompts_jsonl, "eval.policy=expected_gain", "eval.baselines=false")))
     report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
     assert report["greedy_mismatches"] == 0 and report["overall"]["requests"] == 4
+    assert report["greedy_checked_turns"] == 4  # baselines off: still checked, on every turn
 
 
 def test_the_eval_command_ends_with_the_summary_and_the_export_command(
