@@ -8,12 +8,14 @@ far more than their work. Packed once, the same products cost 4.4 and 6.6 ms (BE
 the path wherever oneDNN does not apply (GPUs, dtypes other than fp32, a torch without it).
 
 The packed copy doubles the weights' memory; it is made once per model and shared by every
-forward built on it (the target's cached forward, heads/target.py), and made again when a
-forward is built after a weight was replaced or written in place. Only frozen models use it.
+forward built on it (the target's cached forward, heads/target.py; a draft head at decode time,
+`packed_forwards`), and made again when a weight was replaced or written in place. Only frozen
+models use it.
 """
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -75,3 +77,20 @@ def linear_paths(model: nn.Module, path: str = "auto") -> dict[nn.Linear, Linear
         cached = (fingerprint, {module: PackedLinear(module.weight, module.bias) for module in linears})
         _packed_models[model] = cached
     return dict(cached[1])
+
+
+@contextmanager
+def packed_forwards(model: object, path: str = "auto") -> Iterator[None]:
+    """Inside the block, `model`'s Linear layers run through `linear_paths(model, path)`: for a
+    frozen module whose forward calls its Linear modules (a draft head at decode time). Each
+    swapped module gets an instance `forward`, removed again on exit. A drafter that is not an
+    nn.Module (the decoder's protocols do not require one) runs as it is."""
+    paths = linear_paths(model, path) if isinstance(model, nn.Module) else {}
+    swapped = [module for module, linear in paths.items() if linear is not module]
+    for module in swapped:
+        module.forward = paths[module]
+    try:
+        yield
+    finally:
+        for module in swapped:
+            del module.forward

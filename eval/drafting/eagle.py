@@ -17,6 +17,7 @@ from eval.plain_decoder import PlainDecoder
 from eval.tree import causal_mask
 from heads.confidence import ConfidenceHead
 from heads.kv_cache import KVCache
+from heads.packed_linear import packed_forwards
 
 
 class EagleDrafter(Protocol):
@@ -85,7 +86,8 @@ class EagleRunner:
         return self.draft_token_ids.numel()
 
     def _eager_step(self, features, input_ids, positions, cache_positions, mask):
-        return self.drafter.step(features, input_ids, positions, self.cache, cache_positions, mask)
+        with packed_forwards(self.drafter):  # a one-token draft step pays no per-call weight re-layout
+            return self.drafter.step(features, input_ids, positions, self.cache, cache_positions, mask)
 
     def features(self, hidden_states: list[torch.Tensor], final_hidden: torch.Tensor) -> torch.Tensor:
         return self.drafter.project_features(hidden_states, final_hidden)

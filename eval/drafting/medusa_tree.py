@@ -13,6 +13,7 @@ from eval.plain_decoder import GREEDY, PlainDecoder
 from eval.tree import DEFAULT_MEDUSA_PATHS, StaticTree, select_children, static_tree, tree_layout
 from eval.verify import SamplingParams
 from heads.confidence import ConfidenceHead
+from heads.packed_linear import packed_forwards
 
 
 class MedusaDrafter(Protocol):
@@ -86,7 +87,8 @@ class MedusaStrategy:
         num_nodes = sum(1 for node_depth in tree.depths if node_depth <= depth)  # nodes are depth-sorted
         last_hidden = state.pending_features[:, -1:]  # target final hidden before the root
         state.drop_pending()
-        head_logits = self.drafter.logits(last_hidden)[:, 0, -1]  # [heads, V]
+        with packed_forwards(self.drafter):
+            head_logits = self.drafter.logits(last_hidden)[:, 0, -1]  # [heads, V]
         if head_logits.shape[0] < depth:
             raise ValueError(f"medusa tree is {depth} deep but the drafter has {head_logits.shape[0]} heads")
         probs, log_probs = draft_distribution(head_logits[:depth], sampling)  # [depth, V]

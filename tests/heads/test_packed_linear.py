@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from heads.packed_linear import PackedLinear, linear_paths, packing_applies
+from heads.packed_linear import PackedLinear, linear_paths, packed_forwards, packing_applies
 from heads.target import CachedTarget
 from tests.heads.test_target_forward import FAMILIES, FAMILY_IDS, full_forward
 
@@ -61,3 +61,17 @@ def test_cached_forward_packed_equals_torch_path(build):
     torch.testing.assert_close(out_packed.logits, out_torch.logits, rtol=1e-4, atol=1e-4)
     for got, expected in zip(out_packed.hidden_states, out_torch.hidden_states):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_onednn
+def test_packed_forwards_swap_a_modules_linears_for_the_block_only():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.SiLU(), torch.nn.Linear(8, 4)).eval()
+    x = torch.randn(2, 8)
+    expected = model(x)
+    with packed_forwards(model):
+        assert isinstance(model[0].forward, PackedLinear)
+        torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+    assert "forward" not in vars(model[0]) and "forward" not in vars(model[2])  # the class's forward again
+    with packed_forwards(model, "torch"):
+        assert "forward" not in vars(model[0])
