@@ -6,6 +6,8 @@ Every figure of one table comes from one run (same prompts, warm-up, interleaved
     python eval/bench.py --head outputs/eagle3/head --out outputs/bench \
         --settings expected_gain:8 confidence:8 static:2 static:4 static:6 static:8 draft_prob:8 \
         --calibration-prompts 4 8
+    python eval/bench.py --head heads/release/smollm2-135m-eagle3 --out outputs/bench --no-calibration \
+        --settings expected_gain:8 static:4 ngram:8 hybrid_static:4 hybrid_expected_gain:8
 """
 
 import argparse
@@ -74,6 +76,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "the calibration on (0: the benchmarked prompts)",
     )
     parser.add_argument(
+        "--calibration",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="confidence heads: measure calibration on real decoding (--no-calibration keeps the trained "
+        "temperatures and saves that decoding)",
+    )
+    parser.add_argument(
         "--cuda-graphs", action=argparse.BooleanOptionalAction, default=True, help="CUDA targets only"
     )
     args = parser.parse_args(argv)
@@ -83,6 +92,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         prompts_per_task=args.prompts_per_task,
         max_new_tokens=args.max_new_tokens,
         mode=args.mode,
+        calibration=args.calibration,
         calibration_prompts_per_task=args.calibration_prompts[0],
         calibration_report_prompts_per_task=args.calibration_prompts[1],
         cuda_graphs=args.cuda_graphs,

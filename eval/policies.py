@@ -42,6 +42,13 @@ class DraftLengthPolicy:
 
     max_draft_len: int
     needs_confidence: ClassVar[bool] = False  # the decoder refuses it without a confidence head
+    name: ClassVar[str]  # eval.policy's spelling
+
+    def describe(self) -> dict:
+        """What a verdict, report or card quotes of this policy."""
+        described = {"policy": self.name, "draft_length": self.max_draft_len}
+        threshold = getattr(self, "threshold", None)
+        return described if threshold is None else described | {"policy_threshold": threshold}
 
     def start_request(self) -> None:
         pass
@@ -68,6 +75,7 @@ def check_draft_len(max_draft_len: int) -> None:
 class StaticDraftLength(DraftLengthPolicy):
     """Always K tokens (no device read)."""
 
+    name: ClassVar[str] = "static"
     max_draft_len: int
 
     def __post_init__(self):
@@ -82,6 +90,7 @@ class DraftProbabilityThreshold(DraftLengthPolicy):
     """EAGLE-2's signal: keep drafting while the chain's draft probability (the product of the
     drafted tokens' probabilities, an estimate of its acceptance) stays above `threshold`."""
 
+    name: ClassVar[str] = "draft_prob"
     max_draft_len: int
     threshold: float
 
@@ -163,6 +172,7 @@ class ConfidenceThreshold(DraftLengthPolicy):
     the confidence head's estimate of "every draft so far is accepted" in place of EAGLE-2's
     draft probability."""
 
+    name: ClassVar[str] = "confidence"
     max_draft_len: int
     threshold: float
     adapt_rate: float = 0.05
@@ -221,6 +231,7 @@ class ExpectedGain(DraftLengthPolicy):
     and one whose drafts start paying again is noticed within that many rounds.
     """
 
+    name: ClassVar[str] = "expected_gain"
     max_draft_len: int
     alpha: float
     beta_per_token: float = 0.0

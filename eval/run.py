@@ -376,7 +376,10 @@ def evaluate(
     path = write_report(report, records[SPECULATIVE], out_dir)
     evaluated_dir = calibrated_dir if calibrated_dir.is_dir() else head_dir
     write_verdict(
-        make_verdict(report, head_dir, evaluated_dir, drafting_setting(cfg, kind), identity), out_dir
+        make_verdict(
+            report, head_dir, evaluated_dir, drafting_setting(decoders[SPECULATIVE], cfg, kind), identity
+        ),
+        out_dir,
     )
     if log_fn is not None:
         log_fn(json.loads(path.read_text()))
@@ -429,22 +432,16 @@ def identity_mismatches(outputs: dict[str, list[int]], where: str) -> dict[str, 
     return counts
 
 
-def drafting_setting(cfg: EvalConfig, kind: str) -> dict:
-    """The main decoder's drafting as make_decoder resolves it: what a verdict and a card quote."""
-    if cfg.policy == "ngram":
-        drafting = {"drafter": "prompt lookup (n-gram, no head)", "draft_length": cfg.draft_length}
-    elif kind == "medusa":
-        drafting = {"drafter": "medusa static tree"}
-    elif cfg.mode == "tree":
-        drafting = {"drafter": f"{kind} tree", "depth": cfg.draft_length, "top_k": cfg.tree_top_k}
-        drafting |= {"budget": cfg.tree_budget, "by_confidence": cfg.policy == "confidence"}
-    else:
-        drafting = {"drafter": f"{kind} chain", "policy": cfg.policy, "draft_length": cfg.draft_length}
-        if cfg.policy in ("draft_prob", "confidence"):
-            drafting["policy_threshold"] = cfg.policy_threshold
+def drafting_setting(decoder: SpeculativeDecoder, cfg: EvalConfig, kind: str) -> dict:
+    """The main decoder's drafting, as its setting describes itself, with the sampling and
+    verification rule: what a verdict and a card quote."""
+    drafting = decoder.drafting.describe()
+    if drafting["drafter"] in ("chain", "tree"):
+        drafting["drafter"] = f"{kind} {drafting['drafter']}"
     if cfg.temperature == 0:
         return drafting | {"temperature": 0.0, "verification": "greedy (argmax)"}
-    rule = "recursive rejection sampling" if "tree" in drafting["drafter"] else f"{cfg.verification}-wise"
+    tree = isinstance(decoder.drafting, TreeDrafting | MedusaTreeDrafting)
+    rule = "recursive rejection sampling" if tree else f"{cfg.verification}-wise"
     return drafting | {
         "temperature": cfg.temperature,
         "top_k": cfg.top_k,

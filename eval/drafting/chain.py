@@ -39,6 +39,9 @@ class ChainDrafting:
     def needs_confidence(self) -> bool:
         return self.policy.needs_confidence
 
+    def describe(self) -> dict:
+        return {"drafter": "chain"} | self.policy.describe()
+
     def build(
         self, drafter: EagleDrafter, plain: PlainDecoder, confidence: ConfidenceHead | None, max_len: int
     ) -> "ChainStrategy":

@@ -52,6 +52,11 @@ class TreeDrafting:
     def needs_confidence(self) -> bool:
         return self.by_confidence
 
+    def describe(self) -> dict:
+        return {"drafter": "tree", "depth": self.depth, "top_k": self.top_k, "budget": self.budget} | {
+            "by_confidence": self.by_confidence
+        }
+
     def build(
         self, drafter: EagleDrafter, plain: PlainDecoder, confidence: ConfidenceHead | None, max_len: int
     ) -> "TreeStrategy":

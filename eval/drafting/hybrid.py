@@ -38,6 +38,12 @@ class HybridDrafting:
     def needs_confidence(self) -> bool:
         return self.chain.needs_confidence
 
+    def describe(self) -> dict:
+        return {"drafter": "hybrid (n-gram where the text matches, else the head's chain)"} | {
+            "head": self.chain.describe(),
+            "ngram": self.ngram.describe(),
+        }
+
     def build(
         self, drafter: EagleDrafter, plain: PlainDecoder, confidence: ConfidenceHead | None, max_len: int
     ) -> "HybridStrategy":

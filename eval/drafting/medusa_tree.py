@@ -47,6 +47,9 @@ class MedusaTreeDrafting:
 
     needs_confidence = False
 
+    def describe(self) -> dict:
+        return {"drafter": "medusa static tree", "nodes": len(self.paths), "depth": self.max_depth}
+
     def build(
         self, drafter: "MedusaDrafter", plain: PlainDecoder, confidence: ConfidenceHead | None, max_len: int
     ) -> "MedusaStrategy":

@@ -75,6 +75,12 @@ class NgramDrafting:
 
     needs_confidence = False
 
+    def describe(self) -> dict:
+        return {"drafter": "prompt lookup (n-gram, no head)", "draft_length": self.draft_length} | {
+            "max_ngram": self.max_ngram,
+            "min_ngram": self.min_ngram,
+        }
+
     def build(
         self, drafter: None, plain: PlainDecoder, confidence: ConfidenceHead | None, max_len: int
     ) -> "NgramStrategy":
