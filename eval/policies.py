@@ -328,8 +328,9 @@ class ExpectedGain(DraftLengthPolicy):
 
 
 def expected_gain_from_costs(max_draft_len: int, costs: dict, adapt_rate: float = 0.05) -> ExpectedGain:
-    """An ExpectedGain priced by eval/run.py's `measure_costs` of a chain: its alpha is a round
-    of K = verify_tokens - 1 draft steps over one plain step, so alpha / K per draft; its
+    """An ExpectedGain priced by eval/run.py's `measure_costs` of a chain: its alpha is a whole
+    drafting round (the catch-up and K = verify_tokens - 1 draft steps) over one plain step, so
+    alpha / K per draft, the catch-up spread over the drafts; its
     verification the measured curve `verify_costs` when there is one for K >= max_draft_len,
     else linear in the drafts with beta / K per draft (beta: verifying K + 1 tokens minus one
     plain step, over one plain step)."""

@@ -1,10 +1,9 @@
 """Linear layers of a frozen model with their weights prepacked once for oneDNN.
 
-Why: on a CPU, PyTorch's default GEMM for a few rows (a decode step, the verification of
-k drafts) re-lays the weight out on every call, so the embedded target's 49152 x 576 lm_head
-costs 8.7 ms for 1 row and 22.8 ms for 9 (AMD EPYC, 2 cores), and verifying drafts costs
-far more than their work. Packed once, the same products cost 4.4 and 6.6 ms (BENCHMARKS.md,
-"Verification at the cost of one step"). `F.linear` through the module is the reference and
+Why: on a CPU, PyTorch's default GEMM path for a few rows (a decode step, the verification of
+k drafts) lays the weight out again on every call, so a forward over a few tokens costs more
+than its work; packed once, oneDNN skips that (BENCHMARKS.md, "Session 8": the verify curve,
+torch's path against this one). `F.linear` through the module is the reference and
 the path wherever oneDNN does not apply (GPUs, dtypes other than fp32, a torch without it).
 
 The packed copy doubles the weights' memory; it is made once per model and shared by every
