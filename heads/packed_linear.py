@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import register_flop_formula
 
 LINEAR_PATHS = ("auto", "packed", "torch")
 Linear = Callable[[torch.Tensor], torch.Tensor]  # [..., in] -> [..., out]
@@ -40,6 +41,16 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+@register_flop_formula(torch.ops.mkldnn._linear_pointwise)
+def _packed_linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    """torch's FlopCounterMode (train/bench.py's work per token) counts a packed product like
+    the matmul it is: 2 x rows x out x in (the packed weight reports its [out, in] shape)."""
+    rows = 1
+    for size in x_shape[:-1]:
+        rows *= size
+    return 2 * rows * w_shape[0] * w_shape[1]
 
 
 def _fingerprint(linears: list[nn.Linear]) -> tuple:

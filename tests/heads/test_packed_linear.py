@@ -75,3 +75,13 @@ def test_packed_forwards_swap_a_modules_linears_for_the_block_only():
     assert "forward" not in vars(model[0]) and "forward" not in vars(model[2])  # the class's forward again
     with packed_forwards(model, "torch"):
         assert "forward" not in vars(model[0])
+
+
+@needs_onednn
+def test_flop_counter_counts_a_packed_product_as_its_matmul():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    packed = PackedLinear(torch.randn(40, 48), None)
+    with FlopCounterMode(display=False) as counter:
+        packed(torch.randn(3, 5, 48))
+    assert counter.get_total_flops() == 2 * 15 * 40 * 48
