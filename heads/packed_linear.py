@@ -53,6 +53,10 @@ def _packed_linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> i
     return 2 * rows * w_shape[0] * w_shape[1]
 
 
+def _plain(module: nn.Linear) -> bool:
+    return type(module).forward is nn.Linear.forward
+
+
 def _fingerprint(linears: list[nn.Linear]) -> tuple:
     """Changes when any weight is replaced or written in place (its version counter moves)."""
     return tuple((m.weight.data_ptr(), m.weight._version) for m in linears)
@@ -64,7 +68,7 @@ _packed_models: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, dict[nn.Linea
 
 
 def linear_paths(model: nn.Module, path: str = "auto") -> dict[nn.Linear, Linear]:
-    """The callable each nn.Linear of `model` runs through: packed (oneDNN) or the module itself.
+    """The callable each plain nn.Linear of `model` runs through: packed (oneDNN) or the module itself.
 
     path: auto (packed where it applies), packed (an error where it does not), torch (the
     modules as they are). Packs are shared by every caller of the same model, so several
@@ -72,7 +76,8 @@ def linear_paths(model: nn.Module, path: str = "auto") -> dict[nn.Linear, Linear
     """
     if path not in LINEAR_PATHS:
         raise ValueError(f"linear path {path!r}: choose one of {LINEAR_PATHS}")
-    linears = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    # A subclass with its own forward is more than the product (Medusa's ResBlock adds a residual).
+    linears = [module for module in model.modules() if isinstance(module, nn.Linear) and _plain(module)]
     applies = all(packing_applies(module.weight) for module in linears)
     if path == "packed" and not applies:
         raise ValueError(

@@ -85,3 +85,21 @@ def test_flop_counter_counts_a_packed_product_as_its_matmul():
     with FlopCounterMode(display=False) as counter:
         packed(torch.randn(3, 5, 48))
     assert counter.get_total_flops() == 2 * 15 * 40 * 48
+
+
+@needs_onednn
+def test_a_linear_subclass_with_its_own_forward_keeps_it():
+    """Medusa's ResBlock is an nn.Linear whose forward adds SiLU and a residual: swapping in the
+    bare product would change the head's drafts (vLLM's counters caught it)."""
+    from heads.blocks import ResBlock
+
+    torch.manual_seed(0)
+    block = ResBlock(8)
+    torch.nn.init.normal_(block.weight)
+    model = torch.nn.Sequential(block, torch.nn.Linear(8, 4)).eval()
+    x = torch.randn(2, 8)
+    expected = model(x)
+    assert block not in linear_paths(model)
+    with packed_forwards(model):
+        assert "forward" not in vars(block)
+        torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
