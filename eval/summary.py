@@ -42,7 +42,10 @@ def next_command(
             f"a longer run on more of the target's own replies (~80 min on a 2-core CPU): {LONGER_RECIPE}"
         )
         if slow:
-            advice += "; on a CPU, also try prompt lookup: eval.compare=[ngram:4]"
+            advice += (
+                "; on a CPU, also try prompt lookup, alone or beside the head: "
+                "eval.compare=[ngram:4,hybrid_expected_gain:8]"
+            )
         if refused:
             advice += (
                 "; to export this head anyway (recorded as forced): the same command with export.force=true"
