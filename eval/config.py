@@ -13,7 +13,8 @@ class EvalConfig:
     max_new_tokens: int = 64
     # chain | tree (EAGLE heads; Medusa heads always use their static tree).
     mode: str = "chain"
-    # Chain: drafts per round (the maximum, under an adaptive policy). Tree: depth.
+    # Chain: drafts per round (the maximum, under an adaptive policy). Tree: depth. Block drafter
+    # (dflash): the slots verified of each drafted block (at most its block_size - 1).
     draft_length: int = 4
     # static: always draft_length; draft_prob: EAGLE-2's stop rule (chain probability below
     # policy_threshold ends the round); confidence: the confidence head's survival below

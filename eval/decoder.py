@@ -2,7 +2,7 @@
 
 One round:
   1. the strategy proposes drafts (eval/drafting/: an EAGLE chain or tree, Medusa's static
-     tree, n-gram lookup, or the hybrid of a head and n-grams), catching its drafter up on
+     tree, a block drafter's block, n-gram lookup, or the hybrid of a head and n-grams), catching its drafter up on
      the positions committed last round first;
   2. one target forward over [last committed token, drafts]: a causal mask for a chain,
      the tree mask with depths as positions for a tree;
@@ -30,6 +30,7 @@ import torch
 from transformers import PreTrainedModel
 
 from eval.drafting.base import DecodeState, DraftingStrategy, Proposal
+from eval.drafting.block import BlockDrafter, BlockDrafting
 from eval.drafting.chain import ChainDrafting
 from eval.drafting.eagle import EagleDrafter
 from eval.drafting.eagle_tree import TreeDrafting
@@ -51,7 +52,7 @@ from heads.confidence import ConfidenceHead
 from heads.target import TargetStep
 from kernels.registry import kernel
 
-Drafting = ChainDrafting | TreeDrafting | MedusaTreeDrafting | NgramDrafting | HybridDrafting
+Drafting = ChainDrafting | TreeDrafting | MedusaTreeDrafting | NgramDrafting | HybridDrafting | BlockDrafting
 COST_CONTEXTS = (128, 256, 512, 1024)  # context lengths alpha and beta are measured at
 
 
@@ -68,7 +69,7 @@ class SpeculativeDecoder:
     def __init__(
         self,
         target_model: PreTrainedModel,
-        drafter: EagleDrafter | MedusaDrafter | None,
+        drafter: EagleDrafter | MedusaDrafter | BlockDrafter | None,
         drafting: Drafting,
         max_len: int,
         eos_token_id: int | Sequence[int] | None = None,
@@ -78,7 +79,8 @@ class SpeculativeDecoder:
         verification: str = "token",
     ):
         """drafting picks the drafter kind: Chain/Tree/HybridDrafting for EAGLE heads,
-        MedusaTreeDrafting for Medusa heads, NgramDrafting for none (drafter=None). Caches are
+        MedusaTreeDrafting for Medusa heads, BlockDrafting for block drafters (heads/dflash.py),
+        NgramDrafting for none (drafter=None). Caches are
         allocated here, once. verification: how sampled chains are judged, "token" (Leviathan et
         al.) or "block" (Sun et al.: never fewer accepted drafts in expectation); greedy
         decoding and trees are unaffected.

@@ -38,6 +38,7 @@ from eval.calibration import evaluate_calibration
 from eval.config import EvalConfig
 from eval.decoder import (
     COST_CONTEXTS,
+    BlockDrafting,
     ChainDrafting,
     HybridDrafting,
     MedusaTreeDrafting,
@@ -87,6 +88,14 @@ def make_decoder(
     elif kind == "medusa":
         drafting = MedusaTreeDrafting()
         confidence = None  # the static Medusa tree does not use it
+    elif kind == "dflash":
+        if cfg.policy != "static" or cfg.mode != "chain":
+            raise ValueError(
+                f"eval.policy={cfg.policy!r}, eval.mode={cfg.mode!r}: a block drafter (dflash) drafts its "
+                "block in one forward and verifies the first eval.draft_length slots as a chain "
+                "(eval.policy=static, eval.mode=chain; or ngram for prompt lookup beside it)"
+            )
+        drafting = BlockDrafting(draft_length=cfg.draft_length)
     elif cfg.mode == "tree":
         drafting = TreeDrafting(
             depth=cfg.draft_length,

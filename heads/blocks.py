@@ -226,14 +226,24 @@ class Attention(nn.Module):
         """x [B, S, in], positions [B, S] -> q [B, heads, S, d], k and v [B, kv_heads, S, d], rotated."""
         batch, seq = x.shape[:2]
         q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
+        if self.qk_norm:
+            q = self.q_norm(q)
+        cos, sin = self.rotary(positions, x.dtype)
+        k, v = self.project_keys_values(x, positions, (cos, sin))
+        return apply_rotary(q.transpose(1, 2), cos, sin), k, v
+
+    def project_keys_values(
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, S, in], positions [B, S] -> k and v [B, kv_heads, S, d], k rotated: keys and
+        values without queries (a block drafter's context). rotary: cos/sin already computed."""
+        batch, seq = x.shape[:2]
         k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = self.rotary(positions, x.dtype)
-        q = apply_rotary(q.transpose(1, 2), cos, sin)
-        k = apply_rotary(k.transpose(1, 2), cos, sin)
-        return q, k, v.transpose(1, 2)
+            k = self.k_norm(k)
+        cos, sin = rotary if rotary is not None else self.rotary(positions, x.dtype)
+        return apply_rotary(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
 
     def output(self, attended: torch.Tensor) -> torch.Tensor:
         """attended [B, heads, S, d] -> [B, S, hidden]."""

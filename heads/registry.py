@@ -132,11 +132,12 @@ def check_target_weight(weight: torch.Tensor, shape: tuple[int, int], name: str)
 
 def _head_classes() -> dict[str, type]:
     # Imported here because the head modules import this module for their file format.
+    from heads.dflash import DFlashHead
     from heads.eagle1 import Eagle1Head
     from heads.eagle3 import Eagle3Head
     from heads.medusa import MedusaHead
 
-    return {cls.kind: cls for cls in (Eagle3Head, Eagle1Head, MedusaHead)}
+    return {cls.kind: cls for cls in (Eagle3Head, Eagle1Head, MedusaHead, DFlashHead)}
 
 
 def head_class(kind: str) -> type:

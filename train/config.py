@@ -21,7 +21,7 @@ STAGES = ("prepare", "train", "eval", "export")
 
 @dataclass
 class HeadConfig:
-    # eagle3 | eagle1 | medusa
+    # eagle3 | eagle1 | medusa | dflash (block drafter)
     kind: str = "eagle3"
     # EAGLE-3 target layers, internal convention (id i = output of layer i);
     # null = [1, n//2 - 1, n - 4], the layers SpecForge and vLLM use.
@@ -41,6 +41,15 @@ class HeadConfig:
     # Medusa: number of heads (head i predicts token i+2 ahead) and ResBlocks per head.
     medusa_heads: int = 4
     medusa_layers: int = 1
+    # Block drafter (dflash): the anchor + block_size - 1 drafts per forward; its decoder layers;
+    # blocks trained per row and step (anchors sampled anew each step); slot j's loss weight
+    # exp(-(j - 1)/γ); the id engines mark mask slots with (null: the tokenizer's mask token, else
+    # the last vocabulary id; the head learns its own mask embedding either way).
+    block_size: int = 8
+    dflash_layers: int = 1
+    max_anchors: int = 256
+    dflash_decay_gamma: float = 4.0
+    mask_token_id: int | None = None
     # Train a confidence head beside the drafter (predicts which draft tokens survive).
     confidence: bool = True
     # joint: in the same run, on detached drafter states (the drafter trains exactly as without

@@ -12,6 +12,7 @@ a constant, so the gradients are the same; we report KL because it is 0 at a per
 Metrics are returned as tensors (no host sync); read them at the log interval.
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -419,4 +420,97 @@ def medusa_loss(
         head_losses=head_losses,
         head_accuracy=torch.stack(accuracies),
         head_tokens=torch.stack(tokens),
+    )
+
+
+DFLASH_DECAY_GAMMA = 4.0  # slot j weighs exp(-(j - 1) / γ) (DFlash Eq. 4; ModelOpt suggests 4 for block 8)
+
+
+@dataclass
+class BlockLoss:
+    loss: torch.Tensor  # scalar Σ_j weight_j · slot_losses[j]; the only tensor that carries gradients
+    slot_losses: torch.Tensor  # [S - 1] mean KL over the draft vocab, slots 1 .. S - 1
+    slot_accuracy: torch.Tensor  # [S - 1] draft argmax == full-vocab target argmax
+    slot_tokens: torch.Tensor  # [S - 1] scored anchors per slot
+    acceptance_length: torch.Tensor  # scalar: mean 1 + accepted slots of a block (greedy, exact for a block)
+
+
+def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator | None = None):
+    """Up to num_anchors anchor positions per row, uniformly among the positions a whose next token
+    is trained (loss_mask[a + 1]): int64 [B, A] and whether each is real, bool [B, A] (rows with
+    fewer candidates repeat a candidate, marked False)."""
+    batch, seq = loss_mask.shape
+    candidates = torch.zeros_like(loss_mask, dtype=torch.bool)
+    candidates[:, :-1] = loss_mask[:, 1:].bool()
+    count = min(num_anchors, seq)
+    scores = torch.rand(batch, seq, generator=generator, device=loss_mask.device)
+    scores = torch.where(candidates, scores, -1.0)
+    picked, anchors = scores.topk(count, dim=1)
+    return anchors, picked >= 0
+
+
+def dflash_block_loss(
+    slot_states: torch.Tensor,
+    anchors: torch.Tensor,
+    anchor_valid: torch.Tensor,
+    draft_lm_head: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    target_final_hidden: torch.Tensor,
+    target_lm_head: torch.Tensor,
+    loss_mask: torch.Tensor,
+    chunk_size: int,
+    gamma: float = DFLASH_DECAY_GAMMA,
+) -> BlockLoss:
+    """Block drafter loss: Σ_j exp(-(j - 1)/γ) KL_j over the draft vocab, j = 1 .. S - 1.
+
+    slot_states [B, A, S, H] (the head's normed states); anchors int64 [B, A]; anchor_valid bool
+    [B, A]. Slot j of the block at anchor a scores the token at a + j: its soft label is the
+    target's distribution at a + j - 1, and it counts where loss_mask[a + j] is set. Each slot is
+    scored by the same chunked KL as EAGLE-3's steps (full-vocab target argmax, outside mass).
+    """
+    batch, num_anchors, size, _ = slot_states.shape
+    seq = loss_mask.shape[1]
+    target_hidden = target_final_hidden.detach()
+    with_grad = torch.is_grad_enabled() and (slot_states.requires_grad or draft_lm_head.requires_grad)
+    losses, slot_losses, accuracy, tokens, correct = [], [], [], [], []
+    for slot in range(1, size):
+        position = anchors + slot  # [B, A]
+        in_range = position < seq
+        position = position.clamp(max=seq - 1)
+        scored = anchor_valid & in_range & loss_mask.bool().gather(1, position)
+        rows = scored.flatten().nonzero().squeeze(1)  # [n]
+        label_rows = target_hidden.gather(
+            1, (position - 1)[..., None].expand(-1, -1, target_hidden.shape[-1])
+        ).flatten(0, 1)
+        states = slot_states[:, :, slot].flatten(0, 1).index_select(0, rows)  # [n, H]
+        count = rows.numel()
+        weight = torch.tensor([math.exp(-(slot - 1) / gamma)], device=slot_states.device)
+        slot_loss, step_losses, draft_argmax, target_argmax, _ = _TTTSoftKL.apply(
+            states,
+            draft_lm_head,
+            label_rows.index_select(0, rows),
+            target_lm_head.detach(),
+            draft_token_ids,
+            torch.arange(count, device=rows.device)[None],
+            torch.full((1, count), 1 / max(count, 1), device=rows.device),
+            weight,
+            chunk_size,
+            with_grad,
+        )
+        hits = scored.new_zeros(batch * num_anchors)
+        hits[rows] = draft_token_ids[draft_argmax[0]] == target_argmax
+        losses.append(slot_loss)
+        slot_losses.append(step_losses[0])
+        accuracy.append(step_losses.new_tensor(0.0) if count == 0 else hits.float().sum() / count)
+        tokens.append(torch.tensor(count, device=rows.device))
+        correct.append(hits.view(batch, num_anchors))
+        if slot == 1:
+            first_scored = scored
+    accepted = torch.stack(correct, dim=-1).int().cumprod(dim=-1).sum(-1).float()  # [B, A]
+    return BlockLoss(
+        loss=torch.stack(losses).sum(),
+        slot_losses=torch.stack(slot_losses),
+        slot_accuracy=torch.stack(accuracy),
+        slot_tokens=torch.stack(tokens),
+        acceptance_length=1 + _masked_mean(accepted, first_scored),
     )

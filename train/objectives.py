@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from heads.confidence import ConfidenceHead
+from heads.dflash import DFlashHead
 from heads.draft_vocab import DraftVocab, build_draft_vocab, count_masked_tokens
 from heads.eagle1 import Eagle1Head
 from heads.eagle3 import Eagle3Head, UnrolledSteps
@@ -31,7 +32,7 @@ from train.confidence import (
     greedy_labels_from_acceptance,
 )
 from train.config import HeadConfig, TrainConfig
-from train.losses import eagle1_loss, eagle3_ttt_loss, medusa_loss
+from train.losses import dflash_block_loss, eagle1_loss, eagle3_ttt_loss, medusa_loss, sample_anchors
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +219,43 @@ class MedusaObjective(Objective):
         return self._finish(feats, self._chain(states), out.loss, metrics)
 
 
+class DFlashObjective(Objective):
+    def __init__(
+        self,
+        head: DFlashHead,
+        target_lm_head: torch.Tensor,
+        chunk_tokens: int,
+        max_anchors: int,
+        gamma: float,
+    ):
+        """max_anchors: blocks per row (anchors sampled anew each step); gamma: slot j weighs
+        exp(-(j - 1)/gamma)."""
+        super().__init__(head, target_lm_head, chunk_tokens)
+        self.max_anchors, self.gamma = max_anchors, gamma
+
+    def forward(self, feats: Features) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        anchors, valid = sample_anchors(feats.loss_mask, self.max_anchors)
+        states = self.head(feats.hidden_states, feats.attention_mask, feats.input_ids, anchors)
+        out = dflash_block_loss(
+            states,
+            anchors,
+            valid,
+            self.head.lm_head.weight,
+            self.head.draft_token_ids,
+            feats.final_hidden,
+            self.target_lm_head,
+            feats.loss_mask,
+            self.chunk_tokens,
+            self.gamma,
+        )
+        # acc_k / loss_k: the draft k + 1 places after the anchor, as EAGLE-3's step k.
+        metrics = {"loss": out.loss, "acceptance_length": out.acceptance_length}
+        for k in range(len(out.slot_losses)):
+            metrics[f"loss_{k}"] = out.slot_losses[k]
+            metrics[f"acc_{k}"] = out.slot_accuracy[k]
+        return out.loss, metrics
+
+
 def draft_vocab_from_rows(train_rows, vocab_size: int, size: int) -> DraftVocab:
     """The `size` most frequent loss-masked tokens of the training rows (0 = full vocab)."""
     if size == 0 or size == vocab_size:
@@ -317,6 +355,17 @@ def new_head(head_cfg: HeadConfig, target: Target, train_rows) -> nn.Module:
             head.start_from_target_layer(target.layers[source])
             log.info("EAGLE-3 decoder layer starts from target layer %d", source)
         return head
+    if head_cfg.kind == "dflash":
+        return DFlashHead.from_target(
+            target.config,
+            embed_weight=target.embed_weight,
+            draft_vocab=draft_vocab_from_rows(train_rows, target.vocab_size, head_cfg.draft_vocab_size),
+            block_size=head_cfg.block_size,
+            num_layers=head_cfg.dflash_layers,
+            mask_token_id=mask_token_id(head_cfg, target),
+            target_layer_ids=head_cfg.layer_ids,
+            lm_head_weight=target.lm_head_weight,
+        )
     if head_cfg.kind == "eagle1":
         return Eagle1Head.from_target(
             target.config, embed_weight=target.embed_weight, lm_head_weight=target.lm_head_weight
@@ -328,7 +377,17 @@ def new_head(head_cfg: HeadConfig, target: Target, train_rows) -> nn.Module:
             num_heads=head_cfg.medusa_heads,
             num_layers=head_cfg.medusa_layers,
         )
-    raise ValueError(f"head.kind={head_cfg.kind!r}; choose eagle3, eagle1 or medusa")
+    raise ValueError(f"head.kind={head_cfg.kind!r}; choose eagle3, eagle1, medusa or dflash")
+
+
+def mask_token_id(head_cfg: HeadConfig, target: Target) -> int:
+    """The id engines mark a block drafter's mask slots with: head.mask_token_id, else the
+    tokenizer's mask token, else the last id of the vocabulary. Only the id is shared with the
+    engine: its input is the head's own learned mask embedding."""
+    if head_cfg.mask_token_id is not None:
+        return head_cfg.mask_token_id
+    tokenizer_mask = getattr(target.tokenizer, "mask_token_id", None)
+    return tokenizer_mask if tokenizer_mask is not None else target.vocab_size - 1
 
 
 def load_frozen_drafter(head_cfg: HeadConfig, target: Target) -> nn.Module:
@@ -371,6 +430,15 @@ def build_objective(head_cfg: HeadConfig, target: Target, train_rows, train_cfg:
     """The head (fresh, or the frozen drafter a confidence head is fitted to), wrapped with its loss."""
     check_confidence_config(head_cfg)
     chunk = train_cfg.loss_chunk_tokens
+    if head_cfg.kind == "dflash":
+        if head_cfg.confidence:
+            raise ValueError(
+                "head.confidence=true: the block drafter (dflash) has no confidence head; set it false"
+            )
+        head = new_head(head_cfg, target, train_rows)
+        return DFlashObjective(
+            head, target.lm_head_weight, chunk, head_cfg.max_anchors, head_cfg.dflash_decay_gamma
+        )
     frozen = head_cfg.confidence and head_cfg.confidence_training == "frozen"
     head = load_frozen_drafter(head_cfg, target) if frozen else new_head(head_cfg, target, train_rows)
     confidence = build_confidence(head_cfg, head, target, chunk) if head_cfg.confidence else None

@@ -95,3 +95,34 @@ def greedy_reference(target: nn.Module, prompts: list[list[int]], new_tokens: in
         )
         outputs.append(generated[0, len(prompt) :].tolist())
     return outputs
+
+
+class OracleBlockDrafter:
+    """Block-protocol drafter that knows the greedy continuation: slot j drafts the token j places
+    after the anchor, except every `wrong_every`-th slot, which drafts a wrong one (partial
+    acceptance). It records each round's context, to check what the decoder hands a block drafter."""
+
+    def __init__(self, sequence: list[int], vocab_size: int, block_size: int = 5, wrong_every: int = 3):
+        self.sequence, self.vocab_size = sequence, vocab_size
+        self.block_size, self.wrong_every = block_size, wrong_every
+        self.target_layer_ids = [0]
+        self.draft_token_ids = torch.arange(vocab_size)
+        self.rounds: list[tuple[int, torch.Tensor]] = []  # (anchor position, context rows)
+
+    def project_features(self, hidden_states: list[torch.Tensor], final_hidden: torch.Tensor) -> torch.Tensor:
+        return final_hidden
+
+    def new_cache(self, batch_size: int, max_len: int, device, dtype) -> list[KVCache]:
+        return []
+
+    def draft_block(self, context, anchor_id, anchor_position, cache):
+        assert int(anchor_id) == self.sequence[anchor_position]
+        self.rounds.append((anchor_position, context.clone()))
+        logits = torch.zeros(1, self.block_size - 1, self.vocab_size)
+        for slot in range(1, self.block_size):
+            position = min(anchor_position + slot, len(self.sequence) - 1)
+            token = self.sequence[position]
+            if slot % self.wrong_every == 0:
+                token = (token + 1) % self.vocab_size
+            logits[0, slot - 1, token] = 10.0
+        return logits
