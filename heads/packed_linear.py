@@ -94,13 +94,17 @@ def linear_paths(model: nn.Module, path: str = "auto") -> dict[nn.Linear, Linear
     return dict(cached[1])
 
 
+def module_linears(model: object, path: str = "auto") -> dict[nn.Linear, Linear]:
+    """`linear_paths` of a drafter, resolved once when a decoder is built (its head is frozen from
+    then on); {} for a drafter that is not an nn.Module (the decoder's protocols do not require one)."""
+    return linear_paths(model, path) if isinstance(model, nn.Module) else {}
+
+
 @contextmanager
-def packed_forwards(model: object, path: str = "auto") -> Iterator[None]:
-    """Inside the block, `model`'s Linear layers run through `linear_paths(model, path)`: for a
+def packed_forwards(paths: dict[nn.Linear, Linear]) -> Iterator[None]:
+    """Inside the block, each Linear of `paths` (`module_linears`) runs through its path: for a
     frozen module whose forward calls its Linear modules (a draft head at decode time). Each
-    swapped module gets an instance `forward`, removed again on exit. A drafter that is not an
-    nn.Module (the decoder's protocols do not require one) runs as it is."""
-    paths = linear_paths(model, path) if isinstance(model, nn.Module) else {}
+    swapped module gets an instance `forward`, removed again on exit."""
     swapped = [module for module, linear in paths.items() if linear is not module]
     for module in swapped:
         module.forward = paths[module]

@@ -47,7 +47,7 @@ class HeadConfig:
     # the last vocabulary id; the head learns its own mask embedding either way).
     block_size: int = 8
     dflash_layers: int = 1
-    max_anchors: int = 256
+    max_anchors: int = 128
     dflash_decay_gamma: float = 4.0
     mask_token_id: int | None = None
     # Train a confidence head beside the drafter (predicts which draft tokens survive).

@@ -18,7 +18,7 @@ from eval.plain_decoder import GREEDY, PlainDecoder
 from eval.verify import SamplingParams, sample
 from heads.confidence import ConfidenceHead
 from heads.kv_cache import KVCache
-from heads.packed_linear import packed_forwards
+from heads.packed_linear import module_linears, packed_forwards
 
 
 class BlockDrafter(Protocol):
@@ -85,6 +85,7 @@ class BlockDrafting:
 class BlockStrategy:
     def __init__(self, setting: BlockDrafting, drafter: BlockDrafter, plain: PlainDecoder, max_len: int):
         self.setting, self.drafter, self.plain = setting, drafter, plain
+        self.linears = module_linears(drafter)
         self.max_depth, self.verify_room = setting.max_depth, setting.verify_room
         self.layer_ids = list(drafter.target_layer_ids)
         self.draft_token_ids = drafter.draft_token_ids.to(plain.device)
@@ -98,7 +99,7 @@ class BlockStrategy:
 
     def _draft(self, state: DecodeState, count: int, sampling: SamplingParams, generator) -> Proposal:
         anchor = state.committed - 1
-        with packed_forwards(self.drafter):
+        with packed_forwards(self.linears):
             logits = self.drafter.draft_block(state.pending_features, state.last_token, anchor, self.cache)
         state.drop_pending()
         probs, log_probs = draft_distribution(logits[0, :count], sampling)  # [count, draft_V]

@@ -17,7 +17,7 @@ from eval.plain_decoder import PlainDecoder
 from eval.tree import causal_mask
 from heads.confidence import ConfidenceHead
 from heads.kv_cache import KVCache
-from heads.packed_linear import packed_forwards
+from heads.packed_linear import module_linears, packed_forwards
 
 
 class EagleDrafter(Protocol):
@@ -62,6 +62,7 @@ class EagleRunner:
                 f"this drafting needs an EAGLE-3 / EAGLE-1 head, got drafter={type(drafter).__name__}"
             )
         self.drafter, self.plain, self.confidence = drafter, plain, confidence
+        self.linears = module_linears(drafter)  # packed once: the head is frozen at decode time
         self.device = plain.device
         self.layer_ids = list(drafter.target_layer_ids)
         self.draft_token_ids = drafter.draft_token_ids.to(self.device)
@@ -86,7 +87,7 @@ class EagleRunner:
         return self.draft_token_ids.numel()
 
     def _eager_step(self, features, input_ids, positions, cache_positions, mask):
-        with packed_forwards(self.drafter):  # a one-token draft step pays no per-call weight re-layout
+        with packed_forwards(self.linears):  # a one-token draft step pays no per-call weight re-layout
             return self.drafter.step(features, input_ids, positions, self.cache, cache_positions, mask)
 
     def features(self, hidden_states: list[torch.Tensor], final_hidden: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from eval.plain_decoder import GREEDY, PlainDecoder
 from eval.tree import DEFAULT_MEDUSA_PATHS, StaticTree, select_children, static_tree, tree_layout
 from eval.verify import SamplingParams
 from heads.confidence import ConfidenceHead
-from heads.packed_linear import packed_forwards
+from heads.packed_linear import module_linears, packed_forwards
 
 
 class MedusaDrafter(Protocol):
@@ -65,6 +65,7 @@ class MedusaStrategy:
 
     def __init__(self, setting: MedusaTreeDrafting, drafter: MedusaDrafter, plain: PlainDecoder):
         self.setting, self.drafter, self.plain = setting, drafter, plain
+        self.linears = module_linears(drafter)
         self.tree: StaticTree = setting.tree
         self.max_depth, self.verify_room = setting.max_depth, setting.verify_room
 
@@ -90,7 +91,7 @@ class MedusaStrategy:
         num_nodes = sum(1 for node_depth in tree.depths if node_depth <= depth)  # nodes are depth-sorted
         last_hidden = state.pending_features[:, -1:]  # target final hidden before the root
         state.drop_pending()
-        with packed_forwards(self.drafter):
+        with packed_forwards(self.linears):
             head_logits = self.drafter.logits(last_hidden)[:, 0, -1]  # [heads, V]
         if head_logits.shape[0] < depth:
             raise ValueError(f"medusa tree is {depth} deep but the drafter has {head_logits.shape[0]} heads")

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from heads.packed_linear import PackedLinear, linear_paths, packed_forwards, packing_applies
+from heads.packed_linear import PackedLinear, linear_paths, module_linears, packed_forwards, packing_applies
 from heads.target import CachedTarget
 from tests.heads.test_target_forward import FAMILIES, FAMILY_IDS, full_forward
 
@@ -69,12 +69,13 @@ def test_packed_forwards_swap_a_modules_linears_for_the_block_only():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.SiLU(), torch.nn.Linear(8, 4)).eval()
     x = torch.randn(2, 8)
     expected = model(x)
-    with packed_forwards(model):
+    with packed_forwards(module_linears(model)):
         assert isinstance(model[0].forward, PackedLinear)
         torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
     assert "forward" not in vars(model[0]) and "forward" not in vars(model[2])  # the class's forward again
-    with packed_forwards(model, "torch"):
+    with packed_forwards(module_linears(model, "torch")):
         assert "forward" not in vars(model[0])
+    assert module_linears(object()) == {}  # a drafter that is not a module runs as it is
 
 
 @needs_onednn
@@ -100,6 +101,6 @@ def test_a_linear_subclass_with_its_own_forward_keeps_it():
     x = torch.randn(2, 8)
     expected = model(x)
     assert block not in linear_paths(model)
-    with packed_forwards(model):
+    with packed_forwards(module_linears(model)):
         assert "forward" not in vars(block)
         torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
