@@ -13,6 +13,13 @@ from eval.report import greedy_check, speculation_verdict
 
 # The longer run on the target's own replies: ~80 minutes on a 2-core CPU (BENCHMARKS.md).
 LONGER_RECIPE = "accelerate launch train/run.py train=cpu_recipe run_dir=outputs/cpu_recipe"
+# Settings to decode beside a head of each kind that speculation does not pay for (eval.compare
+# takes chain settings: EAGLE heads mix prompt lookup into their chains, a block drafter cannot).
+CHEAPER_SETTINGS = {
+    "eagle3": "eval.compare=[ngram:4,hybrid_expected_gain:8]",
+    "eagle1": "eval.compare=[ngram:4,hybrid_expected_gain:8]",
+    "dflash": "eval.compare=[ngram:4]",
+}
 
 
 def speedup_table(report: dict) -> list[str]:
@@ -35,16 +42,14 @@ def next_command(
 ) -> str:
     """What to do next: train further where speculation does not pay or the export gate refused
     the head (saying how to export it anyway), else serve or export."""
-    costs = report["costs"]
+    costs, kind = report["costs"], report["head"]["kind"]
     slow = bool(costs) and report["overall"]["acceptance_length"] <= costs["break_even_acceptance_length"]
     if slow or refused:
-        advice = (
-            f"a longer run on more of the target's own replies (~80 min on a 2-core CPU): {LONGER_RECIPE}"
-        )
-        if slow:
+        recipe = LONGER_RECIPE if kind == "eagle3" else LONGER_RECIPE.replace("train=", f"head={kind} train=")
+        advice = f"a longer run on more of the target's own replies (~80 min on a 2-core CPU): {recipe}"
+        if slow and kind in CHEAPER_SETTINGS:
             advice += (
-                "; on a CPU, also try prompt lookup, alone or beside the head: "
-                "eval.compare=[ngram:4,hybrid_expected_gain:8]"
+                f"; on a CPU, also try prompt lookup, alone or beside the head: {CHEAPER_SETTINGS[kind]}"
             )
         if refused:
             advice += (

@@ -39,6 +39,21 @@ def test_summary_of_a_slow_head_says_so_and_points_to_a_longer_run():
     assert "export.force" not in text
 
 
+def test_the_advice_to_a_slow_head_fits_its_kind():
+    """Only EAGLE heads mix prompt lookup into their chains; Medusa takes no compare setting; the
+    longer recipe trains the same kind."""
+    report = fake_report()
+    report["costs"]["break_even_acceptance_length"] = 2.5
+    report["head"]["kind"] = "dflash"
+    step = next_command(report, None, "unused")
+    assert (
+        "head=dflash train=cpu_recipe" in step and "eval.compare=[ngram:4]" in step and "hybrid" not in step
+    )
+    report["head"]["kind"] = "medusa"
+    step = next_command(report, None, "unused")
+    assert "head=medusa train=cpu_recipe" in step and "compare" not in step
+
+
 def test_when_the_gate_refuses_the_next_step_is_a_longer_run_or_a_forced_export():
     report = fake_report()  # pays overall (1.70 > 1.5), but gsm8k (1.25) does not
     step = next_command(report, [], "unused", refused=True)
