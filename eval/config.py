@@ -14,7 +14,8 @@ class EvalConfig:
     # chain | tree (EAGLE heads; Medusa heads always use their static tree).
     mode: str = "chain"
     # Chain: drafts per round (the maximum, under an adaptive policy). Tree: depth. Block drafter
-    # (dflash): the slots verified of each drafted block (at most its block_size - 1).
+    # (dflash): the most slots of each drafted block verified (at most its block_size - 1); it
+    # takes policy static or draft_prob (which verifies the prefix the chain probability keeps).
     draft_length: int = 4
     # static: always draft_length; draft_prob: EAGLE-2's stop rule (chain probability below
     # policy_threshold ends the round); confidence: the confidence head's survival below

@@ -83,19 +83,25 @@ def load_trained_head(target: Target, head_dir: Path) -> torch.nn.Module:
 def make_decoder(
     target: Target, head, kind: str, cfg: EvalConfig, max_len: int, confidence=None, costs: dict | None = None
 ) -> SpeculativeDecoder:
+    policies = {
+        "static": lambda: StaticDraftLength(cfg.draft_length),
+        "draft_prob": lambda: DraftProbabilityThreshold(cfg.draft_length, cfg.policy_threshold),
+        "confidence": lambda: ConfidenceThreshold(cfg.draft_length, cfg.policy_threshold),
+        "expected_gain": lambda: expected_gain_from_costs(cfg.draft_length, costs),
+    }
     if cfg.policy == "ngram":  # prompt lookup: no head, no confidence
         head, confidence, drafting = None, None, NgramDrafting(draft_length=cfg.draft_length)
     elif kind == "medusa":
         drafting = MedusaTreeDrafting()
         confidence = None  # the static Medusa tree does not use it
     elif kind == "dflash":
-        if cfg.policy != "static" or cfg.mode != "chain":
+        if cfg.policy not in ("static", "draft_prob") or cfg.mode != "chain":
             raise ValueError(
                 f"eval.policy={cfg.policy!r}, eval.mode={cfg.mode!r}: a block drafter (dflash) drafts its "
-                "block in one forward and verifies the first eval.draft_length slots as a chain "
-                "(eval.policy=static, eval.mode=chain; or ngram for prompt lookup beside it)"
+                "block in one forward and verifies a prefix of it as a chain: eval.mode=chain with "
+                "eval.policy=static or draft_prob (or ngram, prompt lookup beside it)"
             )
-        drafting = BlockDrafting(draft_length=cfg.draft_length)
+        drafting = BlockDrafting(policies[cfg.policy]())
     elif cfg.mode == "tree":
         drafting = TreeDrafting(
             depth=cfg.draft_length,
@@ -107,12 +113,6 @@ def make_decoder(
         policy, hybrid = cfg.policy, cfg.policy.startswith(HYBRID)
         if hybrid:  # the n-gram draft where the text matches, the head's chain under `policy` otherwise
             policy = policy.removeprefix(HYBRID)
-        policies = {
-            "static": lambda: StaticDraftLength(cfg.draft_length),
-            "draft_prob": lambda: DraftProbabilityThreshold(cfg.draft_length, cfg.policy_threshold),
-            "confidence": lambda: ConfidenceThreshold(cfg.draft_length, cfg.policy_threshold),
-            "expected_gain": lambda: expected_gain_from_costs(cfg.draft_length, costs),
-        }
         if policy not in policies:
             raise ValueError(
                 f"eval.policy={cfg.policy!r}; choose one of {sorted(policies)}, ngram, "

@@ -304,8 +304,9 @@ class DFlashHead(nn.Module):
 
     def draft_block(
         self, context: torch.Tensor, anchor_id: torch.Tensor, anchor_position: int, cache: list[KVCache]
-    ) -> torch.Tensor:
-        """One round's drafts -> logits [B, block_size - 1, draft_V] of the slots after the anchor.
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One round's drafts -> normed states [B, block_size, h] of the anchor and its slots, and
+        logits [B, block_size - 1, draft_V] of the slots after the anchor.
 
         context [B, m, h]: projected rows of positions anchor_position - m .. anchor_position - 1,
         the ones not yet in `cache` (whose slots 0 .. anchor_position - m - 1 hold the earlier ones);
@@ -324,7 +325,7 @@ class DFlashHead(nn.Module):
         normed = self._layers(
             self.block_inputs(anchor_id), slots.expand(batch, -1), keys_values, context_mask=None
         )
-        return self.lm_head(normed[:, 1:])
+        return normed, self.lm_head(normed[:, 1:])
 
     # Training.
 

@@ -72,7 +72,7 @@ def test_a_decoded_block_is_the_trained_block_at_the_same_anchor():
     cache = head.new_cache(1, 32, "cpu", torch.float32)
     done = 0
     for i, anchor in enumerate(anchors[0].tolist()):  # context arrives in pieces, as rounds commit it
-        logits = head.draft_block(context[:, done:anchor], input_ids[:, anchor], anchor, cache)
+        _, logits = head.draft_block(context[:, done:anchor], input_ids[:, anchor], anchor, cache)
         done = anchor
         torch.testing.assert_close(logits, trained[:, i], rtol=1e-4, atol=1e-5)
 
