@@ -382,12 +382,27 @@ def new_head(head_cfg: HeadConfig, target: Target, train_rows) -> nn.Module:
 
 def mask_token_id(head_cfg: HeadConfig, target: Target) -> int:
     """The id engines mark a block drafter's mask slots with: head.mask_token_id, else the
-    tokenizer's mask token, else the last id of the vocabulary. Only the id is shared with the
-    engine: its input is the head's own learned mask embedding."""
+    tokenizer's mask token, else its highest special token that neither frames chats (eos, bos,
+    pad, unk, the chat template's) nor is likely to be generated, else the last vocabulary id.
+    vLLM gives every input of that id the head's learned mask embedding, the anchor too, so an
+    id the target emits would blur the anchor it drafts from (never the output, which the
+    target verifies)."""
     if head_cfg.mask_token_id is not None:
         return head_cfg.mask_token_id
-    tokenizer_mask = getattr(target.tokenizer, "mask_token_id", None)
-    return tokenizer_mask if tokenizer_mask is not None else target.vocab_size - 1
+    tokenizer = target.tokenizer
+    if getattr(tokenizer, "mask_token_id", None) is not None:
+        return tokenizer.mask_token_id
+    framing = {tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
+    template = getattr(tokenizer, "chat_template", None) or ""
+    spare = [
+        index
+        for index, token in getattr(tokenizer, "added_tokens_decoder", {}).items()
+        if token.special
+        and index not in framing
+        and token.content not in template
+        and index < target.vocab_size
+    ]
+    return max(spare) if spare else target.vocab_size - 1
 
 
 def load_frozen_drafter(head_cfg: HeadConfig, target: Target) -> nn.Module:
