@@ -131,6 +131,8 @@ class BlockStrategy:
         drafted = next((k for k in range(1, count) if not self.policy.should_continue(steps[:k])), count)
         verified = self.policy.verify_count(steps[:drafted])
         self._round = (steps[:drafted], verified)
+        if verified == 0:
+            return no_drafts(state)
         tokens = torch.cat([step.token for step in steps[:verified]]).unsqueeze(0)  # [1, verified]
         return Proposal(tokens, None if probs is None else probs[:verified].unsqueeze(0))
 
