@@ -3,7 +3,7 @@ speculative-decoding counters. Runs inside vLLM's environment (eval/engines/setu
 which has its own torch and transformers: it imports nothing of ours.
 
     .venv-vllm/bin/python eval/engines/vllm_generate.py --target <hf dir> --prompts prompts.json \\
-        --out out.json [--drafter <export dir> --method eagle3|eagle|medusa --k 3] [--max-tokens 32]
+        --out out.json [--drafter <export dir> --method eagle3|eagle|medusa|dflash --k 3] [--max-tokens 32]
 
 prompts.json: a list of token-id lists. out.json: {"outputs": [token ids per prompt],
 "seconds", "tokens", "spec": {"drafts", "draft_tokens", "accepted", "per_position"} or null}.
@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--prompts", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--drafter")
-    parser.add_argument("--method", choices=["eagle3", "eagle", "medusa"])
+    parser.add_argument("--method", choices=["eagle3", "eagle", "medusa", "dflash"])
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()

@@ -14,7 +14,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("vllm_generate.py")
-METHOD_BY_KIND = {"eagle3": "eagle3", "eagle1": "eagle", "medusa": "medusa"}  # vLLM's spelling
+METHOD_BY_KIND = {
+    "eagle3": "eagle3",
+    "eagle1": "eagle",
+    "medusa": "medusa",
+    "dflash": "dflash",
+}  # vLLM's spelling
 
 
 def vllm_python() -> Path | None:

@@ -32,7 +32,7 @@ def _export_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--format",
         required=True,
-        help="sglang | vllm | speculators (EAGLE-3); vllm (EAGLE-1, Medusa); medusa",
+        help="sglang | vllm | speculators (EAGLE-3); vllm (EAGLE-1, Medusa); medusa; speculators (DFlash)",
     )
     parser.add_argument("--out", required=True, type=Path, help="the export directory to write")
     parser.add_argument(
@@ -73,7 +73,7 @@ def _import_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--target", required=True, help="the target, as target.name in the job config")
     parser.add_argument("--out", required=True, type=Path, help="our head directory to write")
-    parser.add_argument("--kind", help="eagle3 | eagle1 | medusa, when the config does not say")
+    parser.add_argument("--kind", help="eagle3 | eagle1 | medusa | dflash, when the config does not say")
     return parser
 
 

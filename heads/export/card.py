@@ -50,9 +50,13 @@ class DrafterMeta:
         return self.serving_target
 
 
+# The kinds that read target layers by id and draft over a reduced vocabulary.
+LAYER_ID_KINDS = ("eagle3", "dflash")
+
+
 def draft_vocab_size(head: nn.Module) -> int:
     args = head.args
-    return args.draft_vocab_size if head.kind == "eagle3" else args.vocab_size
+    return args.draft_vocab_size if head.kind in LAYER_ID_KINDS else args.vocab_size
 
 
 def drafter_section(
@@ -66,7 +70,7 @@ def drafter_section(
         "architectures": meta.target_architectures,
         "tokenizer_sha256": meta.tokenizer_hash,
     }
-    if head.kind == "eagle3":
+    if head.kind in LAYER_ID_KINDS:
         target["num_hidden_layers"] = head.args.target_num_layers
         target["layer_ids"] = {
             "ours_output_of_layer": list(head.args.target_layer_ids),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 @dataclass
 class ExportConfig:
     # null: every layout the head's kind has (EAGLE-3: sglang, vllm, speculators; EAGLE-1: vllm;
-    # Medusa: vllm, medusa). Or a list of them, to export fewer.
+    # Medusa: vllm, medusa; DFlash: speculators). Or a list of them, to export fewer.
     formats: list[str] | None = None
     # The gate (heads/export/gate.py), per task, on the eval's verdict. null: every task's AL must
     # beat the break-even the eval measured on its machine (1 + alpha + beta), i.e. speculation

@@ -14,10 +14,17 @@ import torch
 from torch import nn
 
 from heads.blocks import LayerGeometry
-from heads.draft_vocab import DraftVocab
 from heads.eagle3 import Eagle3Args, Eagle3Head, Eagle3Variant, default_layer_ids
 from heads.export.layer_ids import from_engine_layer_ids
-from heads.export.layouts import CannotExpress, TargetWeights, TensorSpec, check_matches_target, require_value
+from heads.export.layouts import (
+    CannotExpress,
+    NoSideFiles,
+    TargetWeights,
+    TensorSpec,
+    check_matches_target,
+    draft_vocab_from_tensors,
+    require_value,
+)
 from heads.registry import load_trained_state, trained_state
 
 OUR_LAYER_PREFIX = "midlayer."
@@ -86,34 +93,6 @@ def eagle3_tensors(
     return tensors
 
 
-def _draft_vocab(tensors: dict[str, torch.Tensor], fields: Eagle3Fields, where: str) -> DraftVocab:
-    """The map from d2t (t2d, when stored, must agree); none stored = the full vocabulary."""
-    if "d2t" not in tensors:
-        if fields.draft_vocab_size != fields.vocab_size:
-            raise ValueError(
-                f"{where}: missing key 'd2t' for a draft vocab of {fields.draft_vocab_size} < {fields.vocab_size}"
-            )
-        return DraftVocab.full(fields.vocab_size)
-    token_ids = torch.arange(fields.draft_vocab_size) + tensors["d2t"]
-    if (
-        token_ids.min() < 0
-        or token_ids.max() >= fields.vocab_size
-        or not bool((token_ids[1:] > token_ids[:-1]).all())
-    ):
-        raise ValueError(
-            f"{where}: key 'd2t' does not map draft ids to strictly increasing target ids in [0, {fields.vocab_size})"
-        )
-    vocab = DraftVocab(
-        d2t=tensors["d2t"], t2d=torch.zeros(fields.vocab_size, dtype=torch.bool), token_coverage=float("nan")
-    )
-    vocab.t2d[token_ids] = True
-    if "t2d" in tensors and not torch.equal(tensors["t2d"], vocab.t2d):
-        raise ValueError(
-            f"{where}: key 't2d' disagrees with 'd2t' (t2d must mark exactly the target ids d + d2t[d])"
-        )
-    return vocab
-
-
 def eagle3_load(
     fields: Eagle3Fields,
     tensors: dict[str, torch.Tensor],
@@ -149,7 +128,8 @@ def eagle3_load(
         check_matches_target(
             tensors["embed_tokens.weight"], target.embed_weight, "embed_tokens.weight", where
         )
-    head = Eagle3Head(args, target.embed_weight, _draft_vocab(tensors, fields, where)).to(float_dtype)
+    vocab = draft_vocab_from_tensors(tensors, fields.draft_vocab_size, fields.vocab_size, where)
+    head = Eagle3Head(args, target.embed_weight, vocab).to(float_dtype)
     ours = {
         OUR_LAYER_PREFIX + name.removeprefix(layer_prefix) if name.startswith(layer_prefix) else name: tensor
         for name, tensor in tensors.items()
@@ -217,7 +197,7 @@ def aux_layer_ids(ids, key: str, where: str) -> list[int] | None:
     return ids
 
 
-class Eagle3Layout:
+class Eagle3Layout(NoSideFiles):
     """What the three EAGLE-3 layouts share: their tensor table and loader, parametrised by the
     layer prefix and by whether the draft-vocab map may be left out (full-vocab heads)."""
 

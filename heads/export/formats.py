@@ -6,6 +6,7 @@ from heads.export.layouts import Layout
 from heads.export.medusa import MedusaReference, VLLMMedusa
 from heads.export.sglang import SGLangEagle3
 from heads.export.speculators import SpeculatorsEagle3
+from heads.export.speculators_dflash import SpeculatorsDFlash
 from heads.export.vllm import VLLMEagle1, VLLMEagle3
 
 LAYOUTS: dict[tuple[str, str], Layout] = {
@@ -14,6 +15,7 @@ LAYOUTS: dict[tuple[str, str], Layout] = {
         SGLangEagle3(),
         VLLMEagle3(),
         SpeculatorsEagle3(),
+        SpeculatorsDFlash(),
         VLLMEagle1(),
         VLLMMedusa(),
         MedusaReference(),
@@ -57,6 +59,8 @@ def detect_kind(config: dict[str, Any], format_name: str, where: str) -> str:
     }
     if config.get("model_type") == "medusa":
         found.add("medusa")
+    if config.get("speculators_model_type") in kinds:  # the speculators format names its algorithm
+        found.add(config["speculators_model_type"])
     if len(found) != 1:
         raise ValueError(
             f"{where}: cannot tell the head kind from architectures={config.get('architectures')!r}; "

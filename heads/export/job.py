@@ -53,6 +53,7 @@ def _write(
     config = layout.config(head, meta)
     tensors = {name: t.detach().contiguous() for name, t in layout.tensors(head, target).items()}
     save_file(tensors, str(tmp / layout.weights_file), metadata={"format": "pt"})
+    layout.write_side_files(head, tmp)
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     record = {"gate": meta.gate, "verdict": meta.verdict}
     (tmp / GATE_FILE).write_text(json.dumps(record, indent=2) + "\n")

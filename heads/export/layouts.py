@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from heads.draft_vocab import DraftVocab
 from heads.export.card import DrafterMeta
 from heads.registry import trained_state
 
@@ -61,8 +62,9 @@ class CannotExpress(ValueError):
 
 class Layout(Protocol):
     name: str  # the export.formats name: sglang | vllm | speculators | medusa
-    kind: str  # the head kind it holds: eagle3 | eagle1 | medusa
+    kind: str  # the head kind it holds: eagle3 | eagle1 | medusa | dflash
     weights_file: str
+    side_files: tuple[str, ...]  # files beside weights_file that the engine opens by name (not by glob)
     engine: str  # which engine class loads it, and the code it was checked against
     serve_hint: str  # how to serve it, for the model card ({dir}, {target}, {k}, {k1} = k + 1)
 
@@ -94,12 +96,33 @@ class Layout(Protocol):
         """Rebuild one of our heads, in `float_dtype`, from tensors checked against `expected`."""
         ...
 
+    def write_side_files(self, head: nn.Module, out_dir: Path) -> None:
+        """Write side_files for `head` (after config.json and the weights file)."""
+        ...
+
+    def side_tensors(self, path: Path, config: dict[str, Any], where: str) -> dict[str, torch.Tensor]:
+        """What the engine's loader takes from the side_files present, under its names."""
+        ...
+
+
+class NoSideFiles:
+    """A layout whose engine reads config.json and the weights file only."""
+
+    side_files: tuple[str, ...] = ()
+
+    def write_side_files(self, head: nn.Module, out_dir: Path) -> None:
+        pass
+
+    def side_tensors(self, path: Path, config: dict[str, Any], where: str) -> dict[str, torch.Tensor]:
+        return {}
+
 
 def read_layout(path: Path, layout: Layout, target: TargetWeights) -> nn.Module:
     """An export directory read the way its engine reads it, stricter: our head rebuilt from it."""
     where = str(path)
     config = read_config(path)
     tensors = layout.engine_names(read_tensors(path, layout.weights_file), where)
+    tensors |= layout.side_tensors(path, config, where)  # engine_names refuses these names in the file
     float_dtype = check_tensors(tensors, layout.expected(config, target, where), where)
     return layout.load(config, tensors, target, float_dtype, where)
 
@@ -210,3 +233,33 @@ def check_matches_target(tensor: torch.Tensor, target_weight: torch.Tensor, name
             f"{where}: key {name!r} differs from the target's weight; our heads share the target's "
             "(a drafter with its own copy cannot be represented)"
         )
+
+
+def draft_vocab_from_tensors(
+    tensors: dict[str, torch.Tensor], draft_vocab_size: int, vocab_size: int, where: str
+) -> DraftVocab:
+    """The map from d2t (t2d, when stored, must agree); none stored = the full vocabulary."""
+    if "d2t" not in tensors:
+        if draft_vocab_size != vocab_size:
+            raise ValueError(
+                f"{where}: missing key 'd2t' for a draft vocab of {draft_vocab_size} < {vocab_size}"
+            )
+        return DraftVocab.full(vocab_size)
+    token_ids = torch.arange(draft_vocab_size) + tensors["d2t"]
+    if (
+        token_ids.min() < 0
+        or token_ids.max() >= vocab_size
+        or not bool((token_ids[1:] > token_ids[:-1]).all())
+    ):
+        raise ValueError(
+            f"{where}: key 'd2t' does not map draft ids to strictly increasing target ids in [0, {vocab_size})"
+        )
+    vocab = DraftVocab(
+        d2t=tensors["d2t"], t2d=torch.zeros(vocab_size, dtype=torch.bool), token_coverage=float("nan")
+    )
+    vocab.t2d[token_ids] = True
+    if "t2d" in tensors and not torch.equal(tensors["t2d"], vocab.t2d):
+        raise ValueError(
+            f"{where}: key 't2d' disagrees with 'd2t' (t2d must mark exactly the target ids d + d2t[d])"
+        )
+    return vocab

@@ -4,11 +4,15 @@ Engines build the draft layer from these with their own Llama code, so the field
 plain Llama ones (rope_theta + rope_scaling, which transformers 5 still reads into
 rope_parameters, as SGLang 0.5.23 and vLLM 0.33 do). Reading goes through transformers'
 LlamaConfig and heads.blocks, the same path the target's geometry took.
+
+A block drafter's layers are Qwen3 layers (the same fields plus per-head q/k RMSNorm, which
+model_type "qwen3" implies), and it has num_layers of them: `qwen3_fields` and
+`qwen3_geometry_from_fields`.
 """
 
 from typing import Any
 
-from transformers import LlamaConfig
+from transformers import LlamaConfig, Qwen3Config
 
 from heads.blocks import LayerGeometry
 from heads.export.layouts import require_keys, require_value
@@ -63,18 +67,36 @@ def llama_fields(geometry: LayerGeometry, vocab_size: int) -> dict[str, Any]:
     }
 
 
-def geometry_from_fields(fields: dict[str, Any], where: str) -> LayerGeometry:
-    """Our geometry from a Llama config dict; a field our draft layers cannot honour is an error."""
+def qwen3_fields(geometry: LayerGeometry, vocab_size: int, num_layers: int) -> dict[str, Any]:
+    """A Qwen3 config describing num_layers draft layers of `geometry` (q/k norm included)."""
+    return llama_fields(geometry, vocab_size) | {"model_type": "qwen3", "num_hidden_layers": num_layers}
+
+
+def _geometry(fields: dict[str, Any], config_class, where: str) -> LayerGeometry:
+    """Our geometry through transformers' config class, as the target's was read."""
     require_keys(fields, REQUIRED_FIELDS, where)
-    require_value(fields, "model_type", ("llama", None), where)
-    require_value(fields, "num_hidden_layers", (1, None), where)
     for flag in ("attention_bias", "mlp_bias"):
         require_value(fields, flag, (False, None), where)
     known = {key: fields[key] for key in GEOMETRY_FIELDS if fields.get(key) is not None}
     try:
-        geometry = LayerGeometry.from_config(LlamaConfig(**known))
+        return LayerGeometry.from_config(config_class(**known))
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(
-            f"{where}: the Llama fields of config.json do not describe a draft layer: {error}"
+            f"{where}: the {config_class.model_type} fields of config.json do not describe a draft layer: {error}"
         ) from error
-    return geometry.draft_layout()
+
+
+def geometry_from_fields(fields: dict[str, Any], where: str) -> LayerGeometry:
+    """Our geometry from a Llama config dict; a field our draft layers cannot honour is an error."""
+    require_value(fields, "model_type", ("llama", None), where)
+    require_value(fields, "num_hidden_layers", (1, None), where)
+    return _geometry(fields, LlamaConfig, where).draft_layout()
+
+
+def qwen3_geometry_from_fields(fields: dict[str, Any], where: str) -> tuple[LayerGeometry, int]:
+    """Our geometry (q/k norm on) and the number of layers from a Qwen3 config dict."""
+    require_value(fields, "model_type", ("qwen3",), where)
+    layers = fields.get("num_hidden_layers")
+    if not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"{where}: config key 'num_hidden_layers' = {layers!r} must be a positive integer")
+    return _geometry(fields, Qwen3Config, where), layers

@@ -30,6 +30,7 @@ from torch import nn
 
 from heads.export.card import DrafterMeta, drafter_section
 from heads.export.layouts import (
+    NoSideFiles,
     TargetWeights,
     TensorSpec,
     require_keys,
@@ -74,7 +75,7 @@ def vllm_config_view(config: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
-class VLLMMedusa:
+class VLLMMedusa(NoSideFiles):
     name = "vllm"
     kind = "medusa"
     weights_file = WEIGHTS_FILE
@@ -177,7 +178,7 @@ def _check_shared_layers(tensors: dict[str, torch.Tensor], args: MedusaArgs, nam
                 )
 
 
-class MedusaReference:
+class MedusaReference(NoSideFiles):
     name = "medusa"
     kind = "medusa"
     weights_file = REFERENCE_WEIGHTS_FILE

@@ -68,22 +68,7 @@ class SpeculatorsEagle3(Eagle3Layout):
             "architectures": ["Eagle3Speculator"],
             "speculators_model_type": "eagle3",
             "speculators_version": SPECULATORS_VERSION,
-            "speculators_config": {
-                "algorithm": "eagle3",
-                "proposal_methods": [
-                    {
-                        "proposal_type": "greedy",
-                        "speculative_tokens": meta.draft_length,
-                        "verifier_accept_k": 1,
-                        "accept_tolerance": 0.0,
-                    }
-                ],
-                "default_proposal_method": "greedy",
-                "verifier": {
-                    "name_or_path": meta.verifier,
-                    "architectures": list(meta.target_architectures),
-                },
-            },
+            "speculators_config": speculators_section("eagle3", meta.draft_length, meta),
             "transformer_layer_config": llama_fields(args.layer, args.vocab_size) | _window_fields(args),
             "draft_vocab_size": args.draft_vocab_size,
             "target_hidden_size": args.layer.hidden_size,
@@ -127,6 +112,24 @@ class SpeculatorsEagle3(Eagle3Layout):
             ),
             variant=variant,
         )
+
+
+def speculators_section(algorithm: str, speculative_tokens: int, meta: DrafterMeta) -> dict[str, Any]:
+    """The `speculators_config` key: one greedy proposal method of speculative_tokens drafts (vLLM
+    serves that many) and the verifier, which `vllm serve <export>` loads as the target."""
+    return {
+        "algorithm": algorithm,
+        "proposal_methods": [
+            {
+                "proposal_type": "greedy",
+                "speculative_tokens": speculative_tokens,
+                "verifier_accept_k": 1,
+                "accept_tolerance": 0.0,
+            }
+        ],
+        "default_proposal_method": "greedy",
+        "verifier": {"name_or_path": meta.verifier, "architectures": list(meta.target_architectures)},
+    }
 
 
 def _window_fields(args) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Four checks, each an error naming what failed:
   0. the directory holds no weights file but the layout's at its top level, where engine
-     loaders glob (vLLM reads every `*.safetensors` there, and stops on a stranger's keys);
+     loaders glob (vLLM reads every `*.safetensors` there, and stops on a stranger's keys),
+     besides the side files the engine opens by name (a block drafter's mask_embedding.pt);
   1. the files against the engine's published table (layouts.read_layout): a missing,
      unexpected, mis-shaped or mistyped key, or a config our head would be misread under;
   2. every trained tensor of the head rebuilt from the files, byte for byte against the
@@ -24,12 +25,13 @@ from heads.registry import trained_state
 PROBE_BATCH, PROBE_TOKENS, PROBE_SEED = 2, 8, 0
 
 
-def _probe_inputs(head: nn.Module, hidden_size: int, vocab_size: int):
-    """Seeded features [B, T, h] x 4, token ids, positions and a causal mask."""
+def _probe_inputs(head: nn.Module, hidden_size: int, vocab_size: int, num_features: int = 4):
+    """Seeded features [B, T, h] x num_features, token ids, positions and a causal mask."""
     generator = torch.Generator().manual_seed(PROBE_SEED)
     dtype = next(t.dtype for t in trained_state(head, head.frozen_weights).values() if t.is_floating_point())
     features = [
-        torch.randn(PROBE_BATCH, PROBE_TOKENS, hidden_size, generator=generator).to(dtype) for _ in range(4)
+        torch.randn(PROBE_BATCH, PROBE_TOKENS, hidden_size, generator=generator).to(dtype)
+        for _ in range(num_features)
     ]
     input_ids = torch.randint(0, vocab_size, (PROBE_BATCH, PROBE_TOKENS), generator=generator)
     positions = torch.arange(PROBE_TOKENS).expand(PROBE_BATCH, PROBE_TOKENS)
@@ -65,10 +67,22 @@ def _medusa_logits(head) -> torch.Tensor:
     return head.logits(features[3])
 
 
+@torch.no_grad()
+def _dflash_logits(head) -> torch.Tensor:
+    """Blocks at two anchors over the seeded context: every trained tensor, the mask embedding too."""
+    features, input_ids, _, _ = _probe_inputs(
+        head, head.args.layer.hidden_size, head.args.vocab_size, len(head.target_layer_ids)
+    )
+    anchors = torch.tensor([[1, PROBE_TOKENS - 1]]).expand(PROBE_BATCH, -1)
+    states = head(features, torch.ones_like(input_ids), input_ids, anchors)  # [B, 2, block_size, h]
+    return head.lm_head(states)
+
+
 PROBES: dict[str, Callable[[nn.Module], torch.Tensor]] = {
     "eagle3": _eagle3_logits,
     "eagle1": _eagle1_logits,
     "medusa": _medusa_logits,
+    "dflash": _dflash_logits,
 }
 
 
@@ -106,7 +120,7 @@ def check_engine_reads_only_the_drafter(out_dir: Path, layout: Layout) -> None:
         path.name
         for pattern in ENGINE_WEIGHT_PATTERNS
         for path in out_dir.glob(pattern)
-        if path.name != layout.weights_file
+        if path.name not in (layout.weights_file, *layout.side_files)
     )
     if others:
         raise ValueError(

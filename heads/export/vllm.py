@@ -45,6 +45,7 @@ from heads.export.eagle3_layout import (
 )
 from heads.export.layer_ids import to_engine_layer_ids
 from heads.export.layouts import (
+    NoSideFiles,
     TargetWeights,
     TensorSpec,
     check_matches_target,
@@ -136,7 +137,7 @@ class VLLMEagle3(Eagle3Layout):
         )
 
 
-class VLLMEagle1:
+class VLLMEagle1(NoSideFiles):
     name = "vllm"
     kind = "eagle1"
     weights_file = WEIGHTS_FILE

@@ -14,6 +14,7 @@ from tests.heads.head_fixtures import LAYER_IDS, tiny_target
 
 DRAFT_VOCAB = 96
 MEDUSA_HEADS = 3
+DFLASH_BLOCK, DFLASH_LAYERS, MASK_TOKEN = 4, 2, 127
 
 
 def target_weights(model=None) -> TargetWeights:
@@ -24,7 +25,7 @@ def target_weights(model=None) -> TargetWeights:
 def _randomise(head, seed: int):
     generator = torch.Generator().manual_seed(seed)
     for name, param in head.named_parameters():
-        if param.requires_grad:
+        if param.requires_grad:  # the mask embedding too: not the mean embedding it starts as
             param.copy_(
                 torch.randn(param.shape, generator=generator) * 0.1
                 + (1.0 if name.endswith("norm.weight") else 0.0)
@@ -37,17 +38,29 @@ def make_head(
 ):
     """A head of `kind` for the tiny target, every trained tensor random."""
     config = target.config
+    vocab = (
+        build_draft_vocab(torch.arange(config.vocab_size, 0, -1), DRAFT_VOCAB)
+        if reduced_vocab
+        else DraftVocab.full(config.vocab_size)
+    )
     if kind == "eagle3":
-        vocab = (
-            build_draft_vocab(torch.arange(config.vocab_size, 0, -1), DRAFT_VOCAB)
-            if reduced_vocab
-            else DraftVocab.full(config.vocab_size)
-        )
         head = build_head(
             "eagle3",
             config,
             embed_weight=target.embed_weight,
             draft_vocab=vocab,
+            target_layer_ids=LAYER_IDS,
+            lm_head_weight=target.lm_head_weight,
+        )
+    elif kind == "dflash":
+        head = build_head(
+            "dflash",
+            config,
+            embed_weight=target.embed_weight,
+            draft_vocab=vocab,
+            block_size=DFLASH_BLOCK,
+            num_layers=DFLASH_LAYERS,
+            mask_token_id=MASK_TOKEN,
             target_layer_ids=LAYER_IDS,
             lm_head_weight=target.lm_head_weight,
         )

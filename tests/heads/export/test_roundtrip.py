@@ -18,6 +18,8 @@ CASES = [
     ("eagle3", "vllm", dict(reduced_vocab=False)),
     ("eagle3", "speculators", dict(reduced_vocab=True)),
     ("eagle3", "speculators", dict(reduced_vocab=False)),
+    ("dflash", "speculators", dict(reduced_vocab=True)),
+    ("dflash", "speculators", dict(reduced_vocab=False)),
     ("eagle1", "vllm", {}),
     ("medusa", "vllm", dict(medusa_layers=2)),
     ("medusa", "medusa", dict(medusa_layers=1)),
