@@ -34,7 +34,7 @@ def test_build_and_load_pick_the_class_by_kind(tmp_path):
 
 def test_unknown_kind_lists_the_known_ones():
     with pytest.raises(
-        ValueError, match=r"unknown head kind 'eagle9' \(known: \['eagle1', 'eagle3', 'medusa'\]\)"
+        ValueError, match=r"unknown head kind 'eagle9' \(known: \['dflash', 'eagle1', 'eagle3', 'medusa'\]\)"
     ):
         build_head("eagle9", None)
 
