@@ -44,6 +44,30 @@ class DraftVocab:
         """The identity mapping (draft vocab = target vocab)."""
         return cls.from_token_ids(torch.arange(vocab_size), vocab_size, token_coverage=1.0)
 
+    @classmethod
+    def for_head(cls, vocab: "DraftVocab | None", draft_vocab_size: int, vocab_size: int) -> "DraftVocab":
+        """A head's vocab checked against its config (None: the full vocab, which it must be)."""
+        if vocab is None:
+            if draft_vocab_size != vocab_size:
+                raise ValueError(
+                    f"draft_vocab_size={draft_vocab_size} < vocab_size={vocab_size} needs a draft_vocab"
+                )
+            return cls.full(vocab_size)
+        if vocab.d2t.numel() != draft_vocab_size or vocab.t2d.numel() != vocab_size:
+            raise ValueError(
+                f"draft vocab maps {vocab.d2t.numel()} draft ids over {vocab.t2d.numel()} target ids; "
+                f"the head config has draft_vocab_size={draft_vocab_size}, vocab_size={vocab_size}"
+            )
+        return vocab
+
+    @classmethod
+    def saved(cls, tensors: dict[str, torch.Tensor], where: str) -> "DraftVocab":
+        """The vocab a saved head's tensors hold (d2t and t2d)."""
+        missing = [key for key in ("d2t", "t2d") if key not in tensors]
+        if missing:
+            raise ValueError(f"{where}: missing keys {missing}")
+        return cls(tensors["d2t"], tensors["t2d"], token_coverage=float("nan"))
+
 
 def count_masked_tokens(rows: Iterable[tuple[Sequence[int], Sequence[int]]], vocab_size: int) -> torch.Tensor:
     """Frequencies int64 [V] of the tokens a model is trained to predict (loss_mask == 1).

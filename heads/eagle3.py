@@ -185,17 +185,7 @@ class Eagle3Head(nn.Module):
         super().__init__()
         hidden = args.layer.hidden_size
         self.args = args
-        if draft_vocab is None:
-            if args.draft_vocab_size != args.vocab_size:
-                raise ValueError(
-                    f"draft_vocab_size={args.draft_vocab_size} < vocab_size={args.vocab_size} needs a draft_vocab"
-                )
-            draft_vocab = DraftVocab.full(args.vocab_size)
-        if draft_vocab.d2t.numel() != args.draft_vocab_size or draft_vocab.t2d.numel() != args.vocab_size:
-            raise ValueError(
-                f"draft vocab maps {draft_vocab.d2t.numel()} draft ids over {draft_vocab.t2d.numel()} target ids; "
-                f"the head config has draft_vocab_size={args.draft_vocab_size}, vocab_size={args.vocab_size}"
-            )
+        draft_vocab = DraftVocab.for_head(draft_vocab, args.draft_vocab_size, args.vocab_size)
         embed_weight = check_target_weight(embed_weight, (args.vocab_size, hidden), "embed_weight")
         self.embed_tokens = nn.Embedding.from_pretrained(embed_weight, freeze=True)  # the target's storage
         args.variant.check("EAGLE-3 head config")
@@ -279,12 +269,7 @@ class Eagle3Head(nn.Module):
         args, tensors = read_head(path, cls.kind, Eagle3Args)
         if target_config is not None:
             args.check_fits(target_config)
-        missing = [key for key in ("d2t", "t2d") if key not in tensors]
-        if missing:
-            raise ValueError(f"{path}: missing keys {missing}")
-        head = cls(
-            args, embed_weight, DraftVocab(tensors["d2t"], tensors["t2d"], token_coverage=float("nan"))
-        )
+        head = cls(args, embed_weight, DraftVocab.saved(tensors, str(path)))
         load_trained_state(head, tensors, cls.frozen_weights, str(path))
         return head
 
