@@ -233,7 +233,10 @@ class Attention(nn.Module):
         return apply_rotary(q.transpose(1, 2), cos, sin), k, v
 
     def project_keys_values(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, S, in], positions [B, S] -> k and v [B, kv_heads, S, d], k rotated: keys and
         values without queries (a block drafter's context). rotary: cos/sin already computed."""
