@@ -1,8 +1,8 @@
 """When to stop drafting a chain: the draft-length policy interface, its policies, and the
 confidence-based score of draft-tree nodes.
 
-The decoder calls `start_request` before a request, then per round: `start_round` (False:
-draft nothing, the round is a plain target step), `should_continue` after each drafted token
+The decoder calls `start_request` before a request, then per round: `start_round` with the
+running context (False: draft nothing, the round is a plain target step), `should_continue` after each drafted token
 with everything drafted so far in this round, `verify_count` once drafting stops (how many of
 the drafts, a prefix, verification gets: drafting is paid by then, verification is not), and
 `end_round` with the drafts, how many were verified and how many verification accepted. It
@@ -53,7 +53,7 @@ class DraftLengthPolicy:
     def start_request(self) -> None:
         pass
 
-    def start_round(self) -> bool:
+    def start_round(self, context_tokens: int) -> bool:
         return True
 
     def should_continue(self, steps: Sequence[DraftStep]) -> bool:
@@ -199,6 +199,30 @@ class ConfidenceThreshold(DraftLengthPolicy):
             self.correction.update(_confidences(steps[:verified]), accepted)
 
 
+@dataclass(frozen=True)
+class RoundPrices:
+    """What drafting and verification cost at one context length, in target steps (ExpectedGain)."""
+
+    alpha: float  # one drafter step
+    beta_per_token: float = 0.0  # verification per draft, when there is no measured curve
+    verify_costs: tuple[float, ...] | None = None  # verifying 0..K drafts, measured
+
+    def check(self, max_draft_len: int, where: str = "") -> None:
+        for name in ("alpha", "beta_per_token"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                raise ValueError(
+                    f"draft policy {name}={value}{where}: must be a finite cost >= 0 (target steps)"
+                )
+        if self.verify_costs is not None and (
+            len(self.verify_costs) < max_draft_len + 1 or min(self.verify_costs) <= 0
+        ):
+            raise ValueError(
+                f"draft policy verify_costs={list(self.verify_costs)}{where}: need {max_draft_len + 1} positive "
+                "costs (verifying 0..K drafts, relative to one target step)"
+            )
+
+
 @dataclass
 class ExpectedGain(DraftLengthPolicy):
     """Draft, and verify, only what pays for its cost (SPEC.md section 3).
@@ -229,6 +253,10 @@ class ExpectedGain(DraftLengthPolicy):
     draft at all (plain steps; the drafter catches up on their tokens in one forward when it next
     drafts), so a request where drafts keep failing pays for a probe every max_skip + 1 rounds,
     and one whose drafts start paying again is noticed within that many rounds.
+    Context: what a round costs changes with the context it attends to. `by_context` holds the
+    prices measured at several context lengths; each round is priced at the measured length
+    nearest its running context (alpha, beta_per_token and verify_costs above are the prices
+    until the first round, and the only ones without `by_context`).
     """
 
     name: ClassVar[str] = "expected_gain"
@@ -239,6 +267,7 @@ class ExpectedGain(DraftLengthPolicy):
     verify_costs: tuple[float, ...] | None = None
     adapt_rate: float = 0.05
     max_skip: int = 8  # 0: draft every round
+    by_context: dict[int, "RoundPrices"] | None = None
     needs_confidence: ClassVar[bool] = True
 
     def __post_init__(self):
@@ -246,19 +275,22 @@ class ExpectedGain(DraftLengthPolicy):
         check_adapt_rate(self.adapt_rate)
         if self.max_skip < 0:
             raise ValueError(f"draft policy max_skip={self.max_skip}: must be >= 0 rounds")
-        for name in ("alpha", "beta_per_token", "beta_round"):
-            value = getattr(self, name)
-            if not 0 <= value < math.inf:
-                raise ValueError(f"draft policy {name}={value}: must be a finite cost >= 0 (target steps)")
-        if self.verify_costs is not None:
-            self.verify_costs = tuple(float(c) for c in self.verify_costs)
-            if len(self.verify_costs) < self.max_draft_len + 1 or min(self.verify_costs) <= 0:
-                raise ValueError(
-                    f"draft policy verify_costs={list(self.verify_costs)}: need {self.max_draft_len + 1} positive "
-                    "costs (verifying 0..K drafts, relative to one target step)"
-                )
+        if self.beta_round < 0 or self.beta_round == math.inf:
+            raise ValueError(
+                f"draft policy beta_round={self.beta_round}: must be a finite cost >= 0 (target steps)"
+            )
+        prices = RoundPrices(self.alpha, self.beta_per_token, self.verify_costs)
+        for context, measured in {None: prices, **(self.by_context or {})}.items():
+            measured.check(self.max_draft_len, "" if context is None else f" at context {context}")
+        self._price(prices)
         self.correction = RunningCorrection(self.adapt_rate)
         self.start_request()
+
+    def _price(self, prices: "RoundPrices") -> None:
+        self.alpha, self.beta_per_token = prices.alpha, prices.beta_per_token
+        self.verify_costs = (
+            None if prices.verify_costs is None else tuple(float(c) for c in prices.verify_costs)
+        )
 
     def verify_cost(self, verified: int) -> float:
         """verify(V) in target steps."""
@@ -281,7 +313,11 @@ class ExpectedGain(DraftLengthPolicy):
         self._tokens, self._cost = 1.0, 1.0
         self._idle = self._skip = 0  # drafting rounds in a row that verified nothing; rounds left to skip
 
-    def start_round(self) -> bool:
+    def start_round(self, context_tokens: int) -> bool:
+        if self.by_context:
+            self._price(
+                self.by_context[min(self.by_context, key=lambda measured: abs(measured - context_tokens))]
+            )
         if self._skip:
             self._skip -= 1
             return False
@@ -328,24 +364,39 @@ class ExpectedGain(DraftLengthPolicy):
 
 
 def expected_gain_from_costs(max_draft_len: int, costs: dict, adapt_rate: float = 0.05) -> ExpectedGain:
-    """An ExpectedGain priced by eval/run.py's `measure_costs` of a chain: its alpha is a whole
-    drafting round (the catch-up and K = verify_tokens - 1 draft steps) over one plain step, so
-    alpha / K per draft, the catch-up spread over the drafts; its
-    verification the measured curve `verify_costs` when there is one for K >= max_draft_len,
-    else linear in the drafts with beta / K per draft (beta: verifying K + 1 tokens minus one
-    plain step, over one plain step)."""
+    """An ExpectedGain priced by eval/run.py's `measure_costs` of a chain, at the headline context
+    and at every context under `costs["buckets"]` (each round at the one nearest its own)."""
+    by_context = {
+        int(context): round_prices(max_draft_len, bucket)
+        for context, bucket in costs.get("buckets", {}).items()
+    }
+    headline = round_prices(max_draft_len, costs)
+    return ExpectedGain(
+        max_draft_len,
+        alpha=headline.alpha,
+        beta_per_token=headline.beta_per_token,
+        verify_costs=headline.verify_costs,
+        adapt_rate=adapt_rate,
+        by_context=by_context or None,
+    )
+
+
+def round_prices(max_draft_len: int, costs: dict) -> RoundPrices:
+    """One context's measured costs as prices: its alpha is a whole drafting round (the catch-up
+    and K = verify_tokens - 1 draft steps) over one plain step, so alpha / K per draft, the
+    catch-up spread over the drafts; its verification the measured curve `verify_costs` when
+    there is one for K >= max_draft_len, else linear in the drafts with beta / K per draft (beta:
+    verifying K + 1 tokens minus one plain step, over one plain step)."""
     drafts = costs["verify_tokens"] - 1
     if drafts < 1:
         raise ValueError(
             f"costs measured with verify_tokens={costs['verify_tokens']}: need at least one draft"
         )
     curve = costs.get("verify_costs")
-    return ExpectedGain(
-        max_draft_len,
+    return RoundPrices(
         alpha=max(costs["alpha"], 0.0) / drafts,
         beta_per_token=max(costs["beta"], 0.0) / drafts,
         verify_costs=tuple(curve[: max_draft_len + 1]) if curve and len(curve) > max_draft_len else None,
-        adapt_rate=adapt_rate,
     )
 
 

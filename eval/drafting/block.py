@@ -124,7 +124,7 @@ class BlockStrategy:
 
     def propose(self, state: DecodeState, left: int, sampling: SamplingParams, generator) -> Proposal:
         count = min(self.max_depth, left - 1)
-        if count == 0 or not self.policy.start_round():
+        if count == 0 or not self.policy.start_round(state.committed):
             self._round = ([], 0)
             return no_drafts(state)  # the context waits in `state` for the next drafting round
         steps, probs = self.draft(state, count, sampling, generator)

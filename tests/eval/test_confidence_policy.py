@@ -11,6 +11,7 @@ from eval.policies import (
     ConfidenceThreshold,
     DraftStep,
     ExpectedGain,
+    RoundPrices,
     RunningCorrection,
     StaticDraftLength,
     child_log_survival,
@@ -94,10 +95,10 @@ def test_expected_gain_probes_less_often_while_its_drafts_keep_failing():
     policy = ExpectedGain(max_draft_len=4, alpha=0.1, beta_per_token=0.5, adapt_rate=0.0, max_skip=4)
 
     def skipped_after_a_failed_probe() -> int:
-        assert policy.start_round()
+        assert policy.start_round(100)
         policy.end_round(steps(0.1, 0.1), verified=0, accepted=0)
         skipped = 0
-        while not policy.start_round():
+        while not policy.start_round(100):
             policy.end_round([], verified=0, accepted=0)
             skipped += 1
         return skipped
@@ -106,10 +107,10 @@ def test_expected_gain_probes_less_often_while_its_drafts_keep_failing():
     policy.end_round(steps(0.9), verified=1, accepted=1)  # a probe that paid: draft every round again
     assert skipped_after_a_failed_probe() == 1
     policy.start_request()
-    assert policy.start_round()
+    assert policy.start_round(100)
     never = ExpectedGain(max_draft_len=4, alpha=0.1, adapt_rate=0.0, max_skip=0)
     never.end_round(steps(0.1), verified=0, accepted=0)
-    assert never.start_round()
+    assert never.start_round(100)
 
 
 def test_expected_gain_prices_drafts_it_did_not_verify():
@@ -179,6 +180,20 @@ def test_expected_gain_takes_the_eval_runners_measured_costs_per_draft():
         ).verify_costs
         is None
     )
+
+
+def test_expected_gain_prices_each_round_at_the_measured_context_nearest_its_own():
+    cheap = {"alpha": 0.2, "beta": 0.2, "verify_tokens": 3, "verify_costs": [1.0, 1.1, 1.2]}
+    dear = {"alpha": 0.2, "beta": 1.6, "verify_tokens": 3, "verify_costs": [1.0, 1.8, 2.6]}
+    policy = expected_gain_from_costs(2, {**cheap, "buckets": {"128": cheap, "1024": dear}}, adapt_rate=0.0)
+    assert policy.start_round(100) and policy.verify_costs == (1.0, 1.1, 1.2)
+    assert policy.verify_count(steps(0.5)) == 1  # 0.5 tokens for 0.1 of a step
+    assert policy.start_round(900) and policy.verify_costs == (1.0, 1.8, 2.6)
+    assert policy.verify_count(steps(0.5)) == 0  # 0.5 tokens for 0.8 of a step: a plain step pays more
+    policy.end_round(steps(0.5), verified=0, accepted=0)
+    assert policy.rate == pytest.approx(2 / (2 + 0.1))  # each round paid at its own context's prices
+    with pytest.raises(ValueError, match="at context 1024"):
+        ExpectedGain(2, alpha=0.1, by_context={1024: RoundPrices(alpha=-1.0)})
 
 
 def test_child_survival_never_exceeds_the_parents_and_sampling_scores_ignore_the_drawn_tokens():
