@@ -313,11 +313,15 @@ class ExpectedGain(DraftLengthPolicy):
         self._tokens, self._cost = 1.0, 1.0
         self._idle = self._skip = 0  # drafting rounds in a row that verified nothing; rounds left to skip
 
-    def start_round(self, context_tokens: int) -> bool:
+    def price_at(self, context_tokens: int) -> None:
+        """Take the prices measured at the context nearest this one (no-op without by_context)."""
         if self.by_context:
             self._price(
                 self.by_context[min(self.by_context, key=lambda measured: abs(measured - context_tokens))]
             )
+
+    def start_round(self, context_tokens: int) -> bool:
+        self.price_at(context_tokens)
         if self._skip:
             self._skip -= 1
             return False
@@ -343,7 +347,11 @@ class ExpectedGain(DraftLengthPolicy):
         if not steps:
             return 0
         corrected = self.correction.apply(_confidences(steps))  # [k, B]
-        survivals = corrected.cumprod(dim=0).min(dim=1).values.tolist()  # worst row, one device read
+        return self.best_prefix(corrected.cumprod(dim=0).min(dim=1).values.tolist())  # worst row, one read
+
+    def best_prefix(self, survivals: Sequence[float]) -> int:
+        """V maximising Σ_{j<=V} a_j - ρ (verify(V) - verify(0)) for drafts already paid for
+        (survivals a_1, a_2, ...); 0 when none pays for its verification."""
         rate, best, best_value, gain = self.rate, 0, 0.0, 0.0
         for verified, survival in enumerate(survivals, start=1):
             gain += survival
@@ -352,9 +360,13 @@ class ExpectedGain(DraftLengthPolicy):
                 best, best_value = verified, value
         return best
 
+    def count_round(self, tokens: int, cost: float) -> None:
+        """A round's yield and cost (target steps) into the request's running rate."""
+        self._tokens += tokens
+        self._cost += cost
+
     def end_round(self, steps: Sequence[DraftStep], verified: int, accepted: int) -> None:
-        self._tokens += accepted + 1
-        self._cost += self.round_cost(len(steps), verified)
+        self.count_round(accepted + 1, self.round_cost(len(steps), verified))
         if verified:
             self.correction.update(_confidences(steps[:verified]), accepted)
             self._idle = 0

@@ -2,6 +2,11 @@
 (prompt lookup, eval/drafting/ngram.py: free to make and, where it matches, often long), the
 EAGLE head's chain otherwise (its policy decides that round's length, as in chain drafting).
 
+Under the expected-gain policy the n-gram draft is priced too: its drafts' survival is what
+this target has made of earlier matches of the same n (NgramSurvival), and it proposes the
+prefix whose survival pays for its verification at the round's context, or, where none does,
+leaves the round to the head. Its rounds count in the policy's running rate.
+
 The head's drafter keeps up through n-gram rounds without running: their committed positions
 stay pending and the head's next catch-up consumes them in one forward. Both kinds of round are
 verified by the same exact rules, so greedy and sampled output stay the target's.
@@ -17,6 +22,7 @@ from eval.drafting.chain import ChainDrafting, ChainStrategy
 from eval.drafting.eagle import EagleDrafter
 from eval.drafting.ngram import NgramDrafting, NgramStrategy
 from eval.plain_decoder import GREEDY, PlainDecoder
+from eval.policies import ExpectedGain
 from eval.verify import SamplingParams
 from heads.confidence import ConfidenceHead
 
@@ -59,6 +65,9 @@ class HybridStrategy:
         self.layer_ids = head.layer_ids
         self.features = head.features
         self._head_round = False
+        self.priced = (
+            head.policy if isinstance(head.policy, ExpectedGain) else None
+        )  # prices n-gram drafts too
         self.rounds = {"ngram": 0, "head": 0}  # rounds drafted by each, over the strategy's life
 
     def start_request(self, tokens: torch.Tensor) -> None:
@@ -66,7 +75,11 @@ class HybridStrategy:
         self.ngram.start_request(tokens)
 
     def propose(self, state: DecodeState, left: int, sampling: SamplingParams, generator) -> Proposal:
-        proposal = self.ngram.lookup(left, sampling)
+        keep = None
+        if self.priced is not None:
+            self.priced.price_at(state.committed)
+            keep = self.priced.best_prefix
+        proposal = self.ngram.lookup(left, sampling, keep)
         self._head_round = proposal is None
         self.rounds["head" if self._head_round else "ngram"] += 1
         return self.head.propose(state, left, sampling, generator) if proposal is None else proposal
@@ -74,6 +87,8 @@ class HybridStrategy:
     def end_round(self, proposal: Proposal, accepted: int, new_tokens: list[int]) -> None:
         if self._head_round:
             self.head.end_round(proposal, accepted, new_tokens)
+        elif self.priced is not None:
+            self.priced.count_round(accepted + 1, self.priced.verify_cost(proposal.num_drafts))
         self.ngram.end_round(proposal, accepted, new_tokens)
 
     def draft_cost(self, state: DecodeState) -> float:

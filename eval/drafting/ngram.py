@@ -39,15 +39,58 @@ class NgramIndex:
                 self._continuation[tuple(self.tokens[end - n : end])] = end
             self.tokens.append(int(token))
 
-    def draft(self, length: int) -> list[int]:
-        """Up to `length` tokens that followed the latest earlier occurrence of the longest
-        suffix (of max_n .. min_n tokens) seen before; [] when none matches."""
+    def draft(self, length: int) -> tuple[int, list[int]]:
+        """(n, up to `length` tokens that followed the latest earlier occurrence of the longest
+        suffix of n in max_n .. min_n tokens seen before); (0, []) when none matches."""
         size = len(self.tokens)
         for n in range(min(self.max_n, size), self.min_n - 1, -1):
             start = self._continuation.get(tuple(self.tokens[size - n :]))
             if start is not None:
-                return self.tokens[start : start + length]
-        return []
+                return n, self.tokens[start : start + length]
+        return 0, []
+
+
+class NgramSurvival:
+    """How often n-gram drafts survive verification, per matched n: the first draft's rate, and
+    the rate of each later draft once its predecessor survived (a copied passage, once it
+    matches, tends to go on matching). Draft j's survival is first * later^(j - 1).
+
+    Each rate is the request's count, with `prior` pseudo-trials at the rate of all earlier
+    requests of this strategy (Laplace's (s + 1) / (t + 2) before any): the kind of text a
+    request holds (code, a quoted passage, free chat) decides most of it."""
+
+    def __init__(self, prior: float = 4.0):
+        self.prior = prior
+        self._life: dict[tuple[int, bool], list[int]] = {}  # (n, later) -> [survived, judged]
+        self._request: dict[tuple[int, bool], list[int]] = {}
+
+    def start_request(self) -> None:
+        for key, (survived, judged) in self._request.items():
+            life = self._life.setdefault(key, [0, 0])
+            life[0], life[1] = life[0] + survived, life[1] + judged
+        self._request = {}
+
+    def rate(self, n: int, later: bool) -> float:
+        life_survived, life_judged = self._life.get((n, later), (0, 0))
+        survived, judged = self._request.get((n, later), (0, 0))
+        prior_rate = (life_survived + 1) / (life_judged + 2)
+        return (survived + self.prior * prior_rate) / (judged + self.prior)
+
+    def survivals(self, n: int, drafts: int) -> list[float]:
+        """a_1 .. a_drafts of a draft matched on an n-gram."""
+        first, later = self.rate(n, False), self.rate(n, True)
+        return [first * later**j for j in range(drafts)]
+
+    def record(self, n: int, verified: int, accepted: int) -> None:
+        """A round verified `verified` drafts of an n-gram match; the first `accepted` survived."""
+        if verified == 0:
+            return
+        first = self._request.setdefault((n, False), [0, 0])
+        first[0], first[1] = first[0] + (accepted > 0), first[1] + 1
+        later_judged = min(accepted, verified - 1)  # drafts 2.. judged: each after a survivor
+        if later_judged:
+            later = self._request.setdefault((n, True), [0, 0])
+            later[0], later[1] = later[0] + max(accepted - 1, 0), later[1] + later_judged
 
 
 @dataclass(frozen=True)
@@ -96,6 +139,8 @@ class NgramStrategy:
         self.setting, self.plain = setting, plain
         self.max_depth, self.verify_room = setting.max_depth, setting.verify_room
         self.index = NgramIndex(setting.max_ngram, setting.min_ngram)
+        self.survival = NgramSurvival()
+        self.matched = 0  # n of the last lookup's match (0: none)
 
     def features(self, hidden_states: list[torch.Tensor], final_hidden: torch.Tensor) -> torch.Tensor:
         return final_hidden[..., :0]  # [1, S, 0]: n-gram drafting reads the tokens only
@@ -103,11 +148,16 @@ class NgramStrategy:
     def start_request(self, tokens: torch.Tensor) -> None:
         self.index = NgramIndex(self.setting.max_ngram, self.setting.min_ngram)
         self.index.extend(tokens.tolist())
+        self.survival.start_request()
 
-    def lookup(self, left: int, sampling: SamplingParams) -> Proposal | None:
-        """The draft for the text so far (up to left - 1 tokens), None when nothing matches."""
-        drafted = self.index.draft(min(self.setting.draft_length, left - 1))
+    def lookup(self, left: int, sampling: SamplingParams, keep=None) -> Proposal | None:
+        """The draft for the text so far (up to left - 1 tokens), None when nothing matches.
+        keep(survivals) -> how many of the drafts to propose (all when None; 0 = none)."""
+        self.matched, drafted = self.index.draft(min(self.setting.draft_length, left - 1))
+        if drafted and keep is not None:
+            drafted = drafted[: keep(self.survival.survivals(self.matched, len(drafted)))]
         if not drafted:
+            self.matched = 0
             return None
         tokens = torch.tensor([drafted], dtype=torch.long, device=self.plain.device)  # [1, k]
         probs = None
@@ -120,6 +170,9 @@ class NgramStrategy:
         return self.lookup(left, sampling) or no_drafts(state)
 
     def end_round(self, proposal: Proposal, accepted: int, new_tokens: list[int]) -> None:
+        """Every round's committed tokens extend the index; the n-gram's own rounds count."""
+        if self.matched:
+            self.survival.record(self.matched, proposal.num_drafts, accepted)
         self.index.extend(new_tokens)
 
     def draft_cost(self, state: DecodeState) -> float:

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from eval.decoder import ChainDrafting, MedusaTreeDrafting, SpeculativeDecoder, TreeDrafting
+from eval.drafting.hybrid import HybridDrafting
+from eval.drafting.ngram import NgramDrafting, NgramSurvival
 from eval.policies import (
     ConfidenceThreshold,
     DraftStep,
@@ -235,6 +237,10 @@ DRAFTINGS = {
         ExpectedGain(6, alpha=0.05, verify_costs=(1.0, 2.0, 2.4, 2.6, 2.7, 2.8, 2.9), adapt_rate=0.3)
     ),
     "tree": lambda: TreeDrafting(depth=4, top_k=3, budget=10, by_confidence=True),
+    "hybrid-expected-gain": lambda: HybridDrafting(
+        ChainDrafting(ExpectedGain(4, alpha=0.05, verify_costs=(1.0, 1.4, 1.6, 1.7, 1.8), adapt_rate=0.3)),
+        NgramDrafting(draft_length=4),
+    ),
 }
 
 
@@ -257,7 +263,7 @@ def test_greedy_output_is_the_targets_own_with_confidence_on(target, reference, 
         plain_rounds += _plain_rounds(out)
     if kind == "good":
         assert accepted > NEW_TOKENS  # the accept path is exercised, not just rejections
-    if drafting != "tree":
+    if drafting not in ("tree", "hybrid-expected-gain"):
         assert len(lengths) > 1  # the draft length really varied
     if drafting == "expected-gain-pruned" and kind == "random":
         assert plain_rounds > 0  # rounds whose drafts did not pay for verifying were plain steps
@@ -331,6 +337,10 @@ SAMPLED_DRAFTINGS = {
         ExpectedGain(3, alpha=0.05, verify_costs=(1.0, 1.9, 2.2, 2.4), adapt_rate=0.3)
     ),
     "tree": lambda: TreeDrafting(depth=3, top_k=2, budget=4, by_confidence=True),
+    "hybrid-expected-gain": lambda: HybridDrafting(
+        ChainDrafting(ExpectedGain(3, alpha=0.05, verify_costs=(1.0, 1.3, 1.5, 1.6), adapt_rate=0.3)),
+        NgramDrafting(draft_length=3),
+    ),
 }
 
 
@@ -360,3 +370,37 @@ def test_sampled_generations_follow_the_target_with_confidence_on(drafting):
         assert plain_rounds > 0
     statistic, dof = chi_square(torch.tensor(samples), exact_continuations(target, prompt, 3, sampling))
     assert statistic < chi_square_critical(dof)
+
+
+def test_priced_ngram_drafts_go_to_verification_only_where_their_survival_pays(target, reference):
+    """Under expected gain a hybrid's n-gram draft is priced like the head's: where verifying one
+    more token costs a whole step, no n-gram draft (survival <= 1) is worth it and every round is
+    the head's; where it costs a tenth of a step, the text's matches are drafted."""
+
+    def ngram_rounds(verify_costs: tuple[float, ...]) -> int:
+        policy = ExpectedGain(3, alpha=0.05, verify_costs=verify_costs, adapt_rate=0.0, max_skip=0)
+        drafting = HybridDrafting(ChainDrafting(policy), NgramDrafting(draft_length=3))
+        decoder = SpeculativeDecoder(
+            target, eagle_drafter(target, "good"), drafting, MAX_LEN, confidence=confidence_head(target)
+        )
+        for prompt, expected in zip(PROMPTS, reference):
+            assert decoder.generate(prompt, NEW_TOKENS).tokens == expected
+        return decoder.strategy.rounds["ngram"]
+
+    assert ngram_rounds((1.0, 2.0, 3.0, 4.0)) == 0
+    assert ngram_rounds((1.0, 1.1, 1.2, 1.3)) > 0
+
+
+def test_ngram_survival_learns_per_match_length_with_earlier_requests_as_the_prior():
+    survival = NgramSurvival(prior=4.0)
+    assert survival.survivals(1, 2) == pytest.approx([0.5, 0.25])  # nothing seen: Laplace's 1/2
+    for _ in range(3):
+        survival.record(1, verified=4, accepted=0)  # 1-gram matches that fail at once
+    survival.record(3, verified=4, accepted=4)  # a 3-gram match copied whole
+    survival.record(3, verified=0, accepted=0)  # verified nothing: no evidence
+    assert survival.rate(1, later=False) == pytest.approx((0 + 4 * 0.5) / (3 + 4))
+    assert survival.rate(3, later=False) == pytest.approx((1 + 4 * 0.5) / (1 + 4))
+    assert survival.rate(3, later=True) == pytest.approx((3 + 4 * 0.5) / (3 + 4))
+    survival.start_request()  # the last request's counts become the prior of the next
+    assert survival.rate(1, later=False) == pytest.approx((0 + 1) / (3 + 2))
+    assert survival.survivals(3, 2) == pytest.approx([2 / 3, 2 / 3 * 4 / 5])
