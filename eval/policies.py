@@ -2,8 +2,8 @@
 confidence-based score of draft-tree nodes.
 
 The decoder calls `start_request` before a request, then per round: `start_round` with the
-running context (False: draft nothing, the round is a plain target step), `should_continue` after each drafted token
-with everything drafted so far in this round, `verify_count` once drafting stops (how many of
+running context (False: draft nothing, the round is a plain target step), `should_continue`
+after each drafted token with everything drafted so far in this round, `verify_count` once drafting stops (how many of
 the drafts, a prefix, verification gets: drafting is paid by then, verification is not), and
 `end_round` with the drafts, how many were verified and how many verification accepted. It
 never drafts more than `max_draft_len` (nor more than the tokens left to generate). What is
@@ -267,7 +267,7 @@ class ExpectedGain(DraftLengthPolicy):
     verify_costs: tuple[float, ...] | None = None
     adapt_rate: float = 0.05
     max_skip: int = 8  # 0: draft every round
-    by_context: dict[int, "RoundPrices"] | None = None
+    by_context: dict[int, RoundPrices] | None = None
     needs_confidence: ClassVar[bool] = True
 
     def __post_init__(self):
@@ -275,7 +275,7 @@ class ExpectedGain(DraftLengthPolicy):
         check_adapt_rate(self.adapt_rate)
         if self.max_skip < 0:
             raise ValueError(f"draft policy max_skip={self.max_skip}: must be >= 0 rounds")
-        if self.beta_round < 0 or self.beta_round == math.inf:
+        if not 0 <= self.beta_round < math.inf:
             raise ValueError(
                 f"draft policy beta_round={self.beta_round}: must be a finite cost >= 0 (target steps)"
             )
@@ -286,7 +286,7 @@ class ExpectedGain(DraftLengthPolicy):
         self.correction = RunningCorrection(self.adapt_rate)
         self.start_request()
 
-    def _price(self, prices: "RoundPrices") -> None:
+    def _price(self, prices: RoundPrices) -> None:
         self.alpha, self.beta_per_token = prices.alpha, prices.beta_per_token
         self.verify_costs = (
             None if prices.verify_costs is None else tuple(float(c) for c in prices.verify_costs)

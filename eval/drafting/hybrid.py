@@ -65,9 +65,8 @@ class HybridStrategy:
         self.layer_ids = head.layer_ids
         self.features = head.features
         self._head_round = False
-        self.priced = (
-            head.policy if isinstance(head.policy, ExpectedGain) else None
-        )  # prices n-gram drafts too
+        # Under expected gain the head's policy prices the n-gram drafts too.
+        self.priced = head.policy if isinstance(head.policy, ExpectedGain) else None
         self.rounds = {"ngram": 0, "head": 0}  # rounds drafted by each, over the strategy's life
 
     def start_request(self, tokens: torch.Tensor) -> None:

@@ -11,7 +11,7 @@ commit, so a lookup costs O(max_n) dictionary probes, not a scan of the text.
 """
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -150,7 +150,9 @@ class NgramStrategy:
         self.index.extend(tokens.tolist())
         self.survival.start_request()
 
-    def lookup(self, left: int, sampling: SamplingParams, keep=None) -> Proposal | None:
+    def lookup(
+        self, left: int, sampling: SamplingParams, keep: Callable[[list[float]], int] | None = None
+    ) -> Proposal | None:
         """The draft for the text so far (up to left - 1 tokens), None when nothing matches.
         keep(survivals) -> how many of the drafts to propose (all when None; 0 = none)."""
         self.matched, drafted = self.index.draft(min(self.setting.draft_length, left - 1))
