@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Recipe ablations at one budget (issue 13, item 3): the shipped replies (rows <= 1024 tokens, 5%
+# held out), offline hidden states built once and shared, fp32, 4 rows per step, STEPS optimizer
+# steps (warm-up 10, cosine to 0), EAGLE-3 with a 16k draft vocab, no confidence head. Each run
+# changes one setting of `base` (TTT 4, lr 1e-3, random start); the figure is the held-out
+# teacher-forced acceptance at the last step (<run>/val_metrics.jsonl). Run one per core:
+#   CORE=0 bash docs/study/ablations.sh base lr3e-3 ttt3 ...
+source docs/study/common.sh
+STEPS=${STEPS:-50}
+CORE=${CORE:-0}        # the core (taskset list) each run is pinned to
+THREADS=${THREADS:-1}  # its torch threads
+declare -A CHANGE=(
+  [base]=""
+  [lr3e-3]="train.lr=3e-3"
+  [lr3e-4]="train.lr=3e-4"
+  [ttt3]="train.ttt_steps=3"
+  [ttt7]="train.ttt_steps=7"
+  [init_target]="head.init=target_layer"
+  [vocab8k]="head.draft_vocab_size=8192"
+  [vocab32k]="head.draft_vocab_size=32768"
+)
+for name in "$@"; do
+  run=outputs/study/abl_$name
+  mkdir -p "$run"
+  if [[ $name != base && ! -e $run/hidden_cache ]]; then ln -s ../abl_base/hidden_cache "$run/hidden_cache"; fi
+  OMP_NUM_THREADS=$THREADS taskset -c "$CORE" $PY train/run.py run_dir=$run stages=[prepare,train] wandb.mode=disabled \
+    data.sources=[$REGEN] data.max_conversations=null data.max_length=1024 data.val_fraction=0.05 \
+    train=recipe train.hidden_states=offline train.precision=fp32 train.ttt_steps=4 train.batch_size=4 \
+    train.grad_accum=1 train.max_steps=$STEPS train.lr=1e-3 train.warmup_steps=10 train.val_every=25 \
+    train.val_batches=8 train.checkpoint_every=25 train.log_every=10 head.init=random head.confidence=false \
+    ${CHANGE[$name]} > "$run.train.log" 2>&1
+  echo "$name trained $(date +%T): $(tail -1 "$run/val_metrics.jsonl")"
+done
