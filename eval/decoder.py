@@ -232,8 +232,10 @@ class SpeculativeDecoder:
         step, confidence head, n-gram lookup: the strategy times itself) over one plain target
         step; verify_costs[V] = a chain verification of the root and V drafts over one step
         (V = 0..K; for trees, one entry: the whole tree); beta = the deepest verification minus
-        one step, over one step. Each figure is the median of `reps` timings. Contexts that do
-        not fit the decoder's max_len are left out (when none fits: the longest that does)."""
+        one step, over one step. Each ratio is the median over `reps` reps, each rep timing every
+        forward length and a drafting round back to back and dividing by its own one-token step,
+        so a slow spell of the machine cannot bend a ratio. Contexts that do not fit the
+        decoder's max_len are left out (when none fits: the longest that does)."""
         room = self.strategy.verify_room
         fitting = [context for context in contexts if context + room + 2 <= self.plain.max_len]
         if not fitting:
@@ -256,33 +258,39 @@ class SpeculativeDecoder:
             pending_features=base.pending_features[:, -catch_up:],
         )
 
-        def median(fn) -> float:
-            fn()  # warm-up
-            return statistics.median(fn() for _ in range(reps))
-
         def timed_forward(tokens: int) -> float:
             start = time.perf_counter()
             plain.forward(prompt[:, -tokens:], context)
             return time.perf_counter() - start
 
-        step = median(lambda: timed_forward(1))
         room = self.strategy.verify_room
         chain = not isinstance(self.drafting, TreeDrafting | MedusaTreeDrafting)
-        lengths = range(1, room + 1) if chain else [room]
-        verify = {1: step} | {
-            tokens: median(lambda tokens=tokens: timed_forward(tokens)) for tokens in lengths if tokens > 1
-        }
-        draft_round = median(lambda: self.strategy.draft_cost(replace(tail)))
+        lengths = list(range(1, room + 1)) if chain else sorted({1, room})
+
+        def one_rep() -> dict:
+            """Seconds of every forward length and of a drafting round, back to back."""
+            rep = {tokens: timed_forward(tokens) for tokens in lengths}
+            return rep | {"draft": self.strategy.draft_cost(replace(tail))}
+
+        one_rep()  # warm-up
+        reps_timed = [one_rep() for _ in range(reps)]
+
+        def ratio(key) -> float:
+            """Median over reps of key's time over the same rep's one-token step: a slow spell of
+            the machine slows both sides of a ratio, not one block of timings."""
+            return statistics.median(rep[key] / rep[1] for rep in reps_timed)
+
+        step = statistics.median(rep[1] for rep in reps_timed)
         costs = {
             "context_tokens": context,
             "target_step_ms": 1000 * step,
-            "verify_ms": 1000 * verify[room],
+            "verify_ms": 1000 * step * ratio(room),
             "verify_tokens": room,
-            "draft_round_ms": 1000 * draft_round,
-            "alpha": draft_round / step,
-            "beta": (verify[room] - step) / step,
+            "draft_round_ms": 1000 * step * ratio("draft"),
+            "alpha": ratio("draft"),
+            "beta": ratio(room) - 1,
         }
         costs["break_even_acceptance_length"] = 1 + costs["alpha"] + costs["beta"]
         if chain:
-            costs["verify_costs"] = [verify[tokens] / step for tokens in lengths]
+            costs["verify_costs"] = [ratio(tokens) for tokens in lengths]
         return costs

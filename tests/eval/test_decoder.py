@@ -1,3 +1,6 @@
+import itertools
+import time
+
 import pytest
 import torch
 
@@ -358,6 +361,24 @@ def test_hybrid_drafts_from_the_text_where_it_matches_and_from_the_head_elsewher
         assert decoder.generate(prompt, NEW_TOKENS).tokens == expected
     rounds = decoder.strategy.rounds
     assert rounds["ngram"] > 0 and rounds["head"] > 0
+
+
+def test_a_slow_spell_of_the_machine_does_not_bend_the_measured_costs(target):
+    """Ten forwards in a row 20 ms slower (another process's burst): timed in blocks, they would
+    make one forward length look many times dearer than a step, or a step dearer than a
+    verification; timed in reps, each ratio over its own rep's step, they move one or two reps."""
+    decoder = SpeculativeDecoder(target, eagle_drafter(target, "good"), DRAFTINGS["chain"], max_len=MAX_LEN)
+    forward, calls = decoder.plain.forward, itertools.count()
+
+    def forward_with_a_spell(*args, **kwargs):
+        if 10 <= next(calls) < 20:
+            time.sleep(0.02)
+        return forward(*args, **kwargs)
+
+    decoder.plain.forward = forward_with_a_spell
+    costs = decoder.measure_costs(contexts=(16,), reps=8)["16"]
+    assert next(calls) > 20  # the spell happened inside the timings
+    assert max(costs["verify_costs"]) < 3 and costs["beta"] > -0.5
 
 
 def test_costs_are_measured_per_context_bucket(target):
