@@ -50,10 +50,14 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True, help="our prepared dataset directory (load_from_disk)")
     ap.add_argument("--steps", type=int, required=True)
-    ap.add_argument("--row-tokens", type=int, required=True, help="tokens per optimizer step (one packed row)")
+    ap.add_argument(
+        "--row-tokens", type=int, required=True, help="tokens per optimizer step (one packed row)"
+    )
     ap.add_argument("--ttt", type=int, default=4)
     ap.add_argument("--draft-vocab", type=int, default=16384)
-    ap.add_argument("--optimizer", default="muon", choices=["muon", "adamw"], help="speculators' CLI default: muon")
+    ap.add_argument(
+        "--optimizer", default="muon", choices=["muon", "adamw"], help="speculators' CLI default: muon"
+    )
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True)
@@ -82,7 +86,9 @@ def vocab_maps(train: datasets.Dataset, draft_vocab: int, vocab_size: int):
         path = os.path.join(tmp, "token_freq.pt")
         save_token_frequency_distribution(train.with_format("torch"), path)
         freq = torch.load(path, weights_only=True)
-    return build_vocab_mappings_from_distribution(freq, draft_vocab_size=draft_vocab, target_vocab_size=vocab_size)
+    return build_vocab_mappings_from_distribution(
+        freq, draft_vocab_size=draft_vocab, target_vocab_size=vocab_size
+    )
 
 
 def main() -> None:
@@ -93,14 +99,21 @@ def main() -> None:
     random.Random(a.seed).shuffle(samples)
     rows = pack_rows(samples, a.row_tokens)
     if len(rows) < a.steps:
-        sys.exit(f"{len(samples)} documents pack into {len(rows)} rows of {a.row_tokens} tokens; {a.steps} asked")
+        sys.exit(
+            f"{len(samples)} documents pack into {len(rows)} rows of {a.row_tokens} tokens; {a.steps} asked"
+        )
     rows = rows[: a.steps]
 
     target = AutoModelForCausalLM.from_pretrained(MODEL, dtype=torch.float32).eval()
     n_layers = target.config.num_hidden_layers
     d2t, t2d = vocab_maps(train, a.draft_vocab, target.config.vocab_size)
     layer_cfg = create_transformer_layer_config(
-        MODEL, num_layers=1, draft_arch="llama", hidden_act="silu", sliding_window=2048, full_attention_indices=[]
+        MODEL,
+        num_layers=1,
+        draft_arch="llama",
+        hidden_act="silu",
+        sliding_window=2048,
+        full_attention_indices=[],
     )
     draft = Eagle3DraftModel.from_training_args(
         verifier_config=layer_cfg, t2d=t2d, d2t=d2t, verifier_name_or_path=MODEL, draft_vocab_size=a.draft_vocab,
@@ -159,7 +172,10 @@ def main() -> None:
             o.step()
             s.step()
         tokens += batch["input_ids"].shape[1]
-        acc = [round((metrics[f"full_acc_{k}_sum"] / metrics[f"full_acc_{k}_total"]).item(), 4) for k in range(a.ttt)]
+        acc = [
+            round((metrics[f"full_acc_{k}_sum"] / metrics[f"full_acc_{k}_total"]).item(), 4)
+            for k in range(a.ttt)
+        ]
         log.append({"step": step, "tokens": tokens, "loss": loss.item(), "train_acc": acc})
         print(
             f"step {step}/{a.steps} tokens {tokens} loss {loss.item():.3f} acc {acc} "

@@ -105,7 +105,9 @@ class ChainStrategy:
         return self.eagle.confidence.probability(logits, position)
 
     def propose(self, state: DecodeState, left: int, sampling: SamplingParams, generator) -> Proposal:
-        max_drafts = min(self.policy.max_draft_len, left - 1) if self.policy.start_round(state.committed) else 0
+        max_drafts = (
+            min(self.policy.max_draft_len, left - 1) if self.policy.start_round(state.committed) else 0
+        )
         chain = self.draft(state, max_drafts, sampling, generator, self.policy.should_continue)
         verified = self.policy.verify_count(chain.steps)
         self._round = (chain.steps, verified)
