@@ -3,8 +3,9 @@ confidence-based score of draft-tree nodes.
 
 The decoder calls `start_request` before a request, then per round: `start_round` with the
 running context (False: draft nothing, the round is a plain target step), `should_continue`
-after each drafted token with everything drafted so far in this round, `verify_count` once drafting stops (how many of
-the drafts, a prefix, verification gets: drafting is paid by then, verification is not), and
+after each drafted token with everything drafted so far in this round, `verify_count` once
+drafting stops (how many of the drafts, a prefix, verification gets: drafting is paid by then,
+verification is not), and
 `end_round` with the drafts, how many were verified and how many verification accepted. It
 never drafts more than `max_draft_len` (nor more than the tokens left to generate). What is
 drafted and verified depends on draft-side values only, never on the target, so decoding
@@ -199,6 +200,11 @@ class ConfidenceThreshold(DraftLengthPolicy):
             self.correction.update(_confidences(steps[:verified]), accepted)
 
 
+def check_cost(name: str, value: float, where: str = "") -> None:
+    if not 0 <= value < math.inf:
+        raise ValueError(f"draft policy {name}={value}{where}: must be a finite cost >= 0 (target steps)")
+
+
 @dataclass(frozen=True)
 class RoundPrices:
     """What drafting and verification cost at one context length, in target steps (ExpectedGain)."""
@@ -209,11 +215,7 @@ class RoundPrices:
 
     def check(self, max_draft_len: int, where: str = "") -> None:
         for name in ("alpha", "beta_per_token"):
-            value = getattr(self, name)
-            if not 0 <= value < math.inf:
-                raise ValueError(
-                    f"draft policy {name}={value}{where}: must be a finite cost >= 0 (target steps)"
-                )
+            check_cost(name, getattr(self, name), where)
         if self.verify_costs is not None and (
             len(self.verify_costs) < max_draft_len + 1 or min(self.verify_costs) <= 0
         ):
@@ -275,10 +277,7 @@ class ExpectedGain(DraftLengthPolicy):
         check_adapt_rate(self.adapt_rate)
         if self.max_skip < 0:
             raise ValueError(f"draft policy max_skip={self.max_skip}: must be >= 0 rounds")
-        if not 0 <= self.beta_round < math.inf:
-            raise ValueError(
-                f"draft policy beta_round={self.beta_round}: must be a finite cost >= 0 (target steps)"
-            )
+        check_cost("beta_round", self.beta_round)
         prices = RoundPrices(self.alpha, self.beta_per_token, self.verify_costs)
         for context, measured in {None: prices, **(self.by_context or {})}.items():
             measured.check(self.max_draft_len, "" if context is None else f" at context {context}")
