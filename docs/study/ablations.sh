@@ -23,11 +23,9 @@ for name in "$@"; do
   run=outputs/study/abl_$name
   mkdir -p "$run"
   if [[ $name != base && ! -e $run/hidden_cache ]]; then ln -s ../abl_base/hidden_cache "$run/hidden_cache"; fi
-  OMP_NUM_THREADS=$THREADS taskset -c "$CORE" $PY train/run.py run_dir=$run stages=[prepare,train] wandb.mode=disabled \
-    data.sources=[$REGEN] data.max_conversations=null data.max_length=1024 data.val_fraction=0.05 \
-    train=recipe train.hidden_states=offline train.precision=fp32 train.ttt_steps=4 train.batch_size=4 \
-    train.grad_accum=1 train.max_steps=$STEPS train.lr=1e-3 train.warmup_steps=10 train.val_every=25 \
-    train.val_batches=8 train.checkpoint_every=25 train.log_every=10 head.init=random head.confidence=false \
+  OMP_NUM_THREADS=$THREADS taskset -c "$CORE" $PY train/run.py run_dir=$run stages=[prepare,train] \
+    "${REPLIES_1024[@]}" "${STUDY_TRAIN[@]}" train.hidden_states=offline train.max_steps=$STEPS train.lr=1e-3 \
+    train.warmup_steps=10 train.val_every=25 train.checkpoint_every=25 train.log_every=10 head.init=random \
     ${CHANGE[$name]} > "$run.train.log" 2>&1
   echo "$name trained $(date +%T): $(tail -1 "$run/val_metrics.jsonl")"
 done

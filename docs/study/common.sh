@@ -11,3 +11,8 @@ evalhead() {  # evalhead <head dir> <out dir> [overrides]: AL on held-out chat +
     eval.prompts_per_task=12 eval.max_new_tokens=96 eval.draft_length=4 eval.policy=static \
     eval.calibration=false "$@"
 }
+# The ablations' rows and batches (docs/study/ablations.sh, teacher_forced.sh): the shipped replies
+# at <= 1024 tokens with the same 29 held-out conversations, 4 rows per step, fp32, TTT 4.
+REPLIES_1024=(data.sources=[$REGEN] data.max_conversations=null data.max_length=1024 data.val_fraction=0.05)
+STUDY_TRAIN=(train=recipe train.precision=fp32 train.ttt_steps=4 train.batch_size=4 train.grad_accum=1
+  train.val_batches=8 head.confidence=false wandb.mode=disabled)

@@ -7,9 +7,7 @@ source docs/study/common.sh
 HEAD=${1:?head directory}; NAME=${2:?name}
 CORE=${CORE:-0}
 run=outputs/study/tf_$NAME
-OMP_NUM_THREADS=1 taskset -c "$CORE" $PY train/run.py run_dir=$run stages=[prepare,train] wandb.mode=disabled \
-  data.sources=[$REGEN] data.max_conversations=null data.max_length=1024 data.val_fraction=0.05 \
-  train=recipe train.hidden_states=online train.precision=fp32 train.ttt_steps=4 train.batch_size=4 \
-  train.grad_accum=1 train.max_steps=1 train.lr=0 train.warmup_steps=0 train.val_every=1 \
-  train.val_batches=8 train.checkpoint_every=1 head.init="$HEAD" head.confidence=false > "$run.log" 2>&1
+OMP_NUM_THREADS=1 taskset -c "$CORE" $PY train/run.py run_dir=$run stages=[prepare,train] \
+  "${REPLIES_1024[@]}" "${STUDY_TRAIN[@]}" train.hidden_states=online train.max_steps=1 train.lr=0 \
+  train.warmup_steps=0 train.val_every=1 train.checkpoint_every=1 head.init="$HEAD" > "$run.log" 2>&1
 echo "$NAME: $(tail -1 "$run/val_metrics.jsonl")"
