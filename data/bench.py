@@ -1,11 +1,12 @@
 """Regeneration throughput: batched generation with refill against HF `generate`, one run.
 
     python data/bench.py [--conversations 64] [--max-length 384] [--max-new-tokens 256]
-                         [--hf-batch-size 32] [--batch-sizes 32 64]
+                         [--hf-batch-size 32] [--batch-sizes 32 64] [--dtypes float32 bfloat16]
 
 Both replay the same ShareGPT conversations turn by turn through the same state machine
-(data/regenerate.py `Replay`: same prompts, same cuts at max_length), greedy, fp32, and
-count the same generated tokens. The baseline is what regeneration did before
+(data/regenerate.py `Replay`: same prompts, same cuts at max_length), greedy, and
+count the same generated tokens (the batched rows also in each of --dtypes, the target
+loaded in that dtype as data.regenerate.dtype does). The baseline is what regeneration did before
 data/generation.py: a left-padded HF `generate` per turn over a batch of conversations,
 which runs until the batch's longest reply ends. The figures: generated tokens/s, the
 ratio to the baseline, and how many replies are identical to the baseline's (greedy:
@@ -22,7 +23,7 @@ from data.generation import Completion
 from data.prepare import DataConfig, select_conversations
 from data.regenerate import RegenerateConfig, Regenerated, Replay, regenerate_conversations, stop_tokens
 from data.tally import Tally
-from heads.target import Target, TargetConfig
+from heads.target import DTYPES, Target, TargetConfig
 
 
 def hf_generate_turns(target, replays: list[Replay]) -> None:
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--hf-batch-size", type=int, default=32)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=sorted(DTYPES))
     args = parser.parse_args(argv)
 
     target = Target.load(TargetConfig(name=args.target))
@@ -78,17 +80,21 @@ def main(argv: list[str] | None = None) -> None:
     rows = [
         ("HF generate (left-padded, per turn)", args.hf_batch_size, hf_tokens, hf_seconds, len(reference))
     ]
-    for batch_size in args.batch_sizes:
-        results: dict[int, Regenerated] = {}
-        settings = RegenerateConfig(max_new_tokens=args.max_new_tokens, batch_size=batch_size)
-        start = time.perf_counter()
-        regenerate_conversations(
-            target, list(enumerate(conversations)), settings, args.max_length, 0, results.__setitem__
-        )
-        seconds = time.perf_counter() - start
-        tokens = sum(r.tokens for r in results.values())
-        same = sum(results[i].messages == reference[i] for i in range(len(reference)))
-        rows.append(("batched with refill (data/generation.py)", batch_size, tokens, seconds, same))
+    for dtype in args.dtypes:
+        writer = target if dtype == "float32" else Target.load(TargetConfig(name=args.target, dtype=dtype))
+        for batch_size in args.batch_sizes:
+            results: dict[int, Regenerated] = {}
+            settings = RegenerateConfig(max_new_tokens=args.max_new_tokens, batch_size=batch_size)
+            start = time.perf_counter()
+            regenerate_conversations(
+                writer, list(enumerate(conversations)), settings, args.max_length, 0, results.__setitem__
+            )
+            seconds = time.perf_counter() - start
+            tokens = sum(r.tokens for r in results.values())
+            same = sum(results[i].messages == reference[i] for i in range(len(reference)))
+            rows.append(
+                (f"batched with refill (data/generation.py), {dtype}", batch_size, tokens, seconds, same)
+            )
 
     hf_rate = hf_tokens / hf_seconds
     print(

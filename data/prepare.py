@@ -58,6 +58,10 @@ class DataConfig:
     val_fraction: float = 0.02
     # Seed of the train / validation shuffle.
     seed: int = 0
+    # Train on the first this many training rows of the shuffled split (None: all), the
+    # validation rows unchanged: a data budget, e.g. epochs over less data against one pass
+    # over more at the same steps, judged on the same held-out rows. The rows left out are counted.
+    max_train_rows: int | None = None
     # Where default_out_dir puts prepared data (None: ~/.cache/drafter/data). Not part of
     # the content, so changing it does not invalidate prepared data.
     cache_dir: str | None = None
@@ -77,6 +81,8 @@ class DataConfig:
             raise ValueError(f"data.max_length={self.max_length}: expected at least 2 tokens")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction={self.val_fraction}: expected a value in [0, 1)")
+        if self.max_train_rows is not None and self.max_train_rows < 1:
+            raise ValueError(f"data.max_train_rows={self.max_train_rows}: expected a positive number or null")
         self.regenerate.validate()
 
     def content_key(self) -> dict:
@@ -97,11 +103,14 @@ class PreparedData:
     def summary(self) -> str:
         manifest = self.manifest
         counts, tokens = manifest["counts"], manifest["tokens"]
+        left_out = counts.get("train_rows_left_out", 0)
         lines = [
             f"data: {self.out_dir}" + (" (reused, not re-tokenised)" if self.reused else ""),
             "  sources: " + ", ".join(f"{s['spec']} ({s['location']})" for s in manifest["sources"]),
             f"  records read {counts['read']}, kept {counts['kept']} "
-            f"(train {counts['train']}, validation {counts['validation']}), "
+            f"(train {counts['train']}, validation {counts['validation']}"
+            + (f", {left_out} training rows left out by data.max_train_rows" if left_out else "")
+            + "), "
             f"duplicates {counts['duplicates']}, truncated to {manifest['config']['max_length']} tokens "
             f"{counts['truncated']}",
         ]
@@ -259,10 +268,17 @@ def prepare_dataset(cfg: DataConfig, tokenizer, out_dir: Path) -> PreparedData:
         )
     tally.kept = len(rows)
     train_rows, validation_rows = _split(rows, cfg)
+    budget = len(train_rows) if cfg.max_train_rows is None else cfg.max_train_rows
+    train_rows, left_out = train_rows[:budget], len(train_rows[budget:])
     seconds = time.perf_counter() - start
     manifest.update(
         tokenizer_name=tokenizer.name_or_path,  # informative; the reuse key is the tokenizer's hash
-        counts={**tally.to_dict(), "train": len(train_rows), "validation": len(validation_rows)},
+        counts={
+            **tally.to_dict(),
+            "train": len(train_rows),
+            "validation": len(validation_rows),
+            "train_rows_left_out": left_out,  # data.max_train_rows
+        },
         tokens={"total": total_tokens, "assistant": int(sum(int(row.loss_mask.sum()) for row in rows))},
         seconds=seconds,
         tokens_per_second=total_tokens / seconds,

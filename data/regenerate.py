@@ -45,7 +45,8 @@ class RegenerateConfig:
     batch_size: int = 64
     seed: int = 0
     # The target's dtype while it regenerates; null = target.dtype. bfloat16 decodes a 64-row
-    # batch ~2x faster on CPUs with AMX (BENCHMARKS.md); the replies are then the bf16 target's.
+    # batch ~2x faster on CPUs with AMX, 1.3x with avx512_bf16 (BENCHMARKS.md); the replies are
+    # then the bf16 target's.
     # auto = bfloat16 where it runs natively (heads.target.native_bf16), else target.dtype.
     dtype: str | None = None
 

@@ -3,7 +3,9 @@
 # held out), offline hidden states built once and shared, fp32, 4 rows per step, STEPS optimizer
 # steps (warm-up 10, cosine to 0), EAGLE-3 with a 16k draft vocab, no confidence head. Each run
 # changes one setting of `base` (TTT 4, lr 1e-3, random start); the figure is the held-out
-# teacher-forced acceptance at the last step (<run>/val_metrics.jsonl). Run one per core:
+# teacher-forced acceptance at the last step (<run>/val_metrics.jsonl). Runs that change the
+# training rows (epochs*: the same steps over fewer rows, the held-out rows unchanged) build their
+# own cache. Run one per core:
 #   CORE=0 bash docs/study/ablations.sh base lr3e-3 ttt3 ...
 source docs/study/common.sh
 STEPS=${STEPS:-50}
@@ -18,11 +20,13 @@ declare -A CHANGE=(
   [init_target]="head.init=target_layer"
   [vocab8k]="head.draft_vocab_size=8192"
   [vocab32k]="head.draft_vocab_size=32768"
+  [epochs2]="data.max_train_rows=100"  # base sees 200 rows once; this 100 rows twice
+  [epochs4]="data.max_train_rows=50"
 )
 for name in "$@"; do
   run=outputs/study/abl_$name
   mkdir -p "$run"
-  if [[ $name != base && ! -e $run/hidden_cache ]]; then ln -s ../abl_base/hidden_cache "$run/hidden_cache"; fi
+  if [[ $name != base && $name != epochs* && ! -e $run/hidden_cache ]]; then ln -s ../abl_base/hidden_cache "$run/hidden_cache"; fi
   OMP_NUM_THREADS=$THREADS taskset -c "$CORE" $PY train/run.py run_dir=$run stages=[prepare,train] \
     "${REPLIES_1024[@]}" "${STUDY_TRAIN[@]}" train.hidden_states=offline train.max_steps=$STEPS train.lr=1e-3 \
     train.warmup_steps=10 train.val_every=25 train.checkpoint_every=25 train.log_every=10 head.init=random \

@@ -130,6 +130,7 @@ def test_skip_conversations_takes_the_ones_after_and_counts_the_skipped(chats, t
         (DataConfig(max_length=1), "data.max_length"),
         (DataConfig(val_fraction=1.0), "data.val_fraction"),
         (DataConfig(max_conversations=0), "data.max_conversations"),
+        (DataConfig(max_train_rows=0), "data.max_train_rows"),
     ],
 )
 def test_bad_config_names_the_key(cfg, key, tmp_path, smollm2_tokenizer):
@@ -189,3 +190,20 @@ def test_the_shipped_replies_train_only_the_target_that_wrote_them(tmp_path, smo
         tmp_path / "ok",
     )
     assert len(prepared.train) + len(prepared.validation) == prepared.manifest["counts"]["kept"] > 15
+
+
+def test_max_train_rows_keeps_the_validation_rows_and_counts_the_rows_left_out(
+    chats, tmp_path, smollm2_tokenizer
+):
+    full = prepare_dataset(
+        DataConfig(sources=[str(chats)], val_fraction=0.25), smollm2_tokenizer, tmp_path / "a"
+    )
+    cut = prepare_dataset(
+        DataConfig(sources=[str(chats)], val_fraction=0.25, max_train_rows=6),
+        smollm2_tokenizer,
+        tmp_path / "b",
+    )
+    assert cut.validation["input_ids"] == full.validation["input_ids"]
+    assert cut.train["input_ids"] == full.train["input_ids"][:6]
+    assert cut.manifest["counts"]["train_rows_left_out"] == len(full.train) - 6
+    assert "training rows left out by data.max_train_rows" in cut.summary()

@@ -1,5 +1,6 @@
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import (
     MistralConfig,
     MistralForCausalLM,
@@ -10,7 +11,7 @@ from transformers import (
 )
 
 from eval.tree import causal_mask, tree_attention_mask, tree_layout
-from heads.target import CachedTarget
+from heads.target import CachedTarget, grouped_attention
 from tests.helpers import tiny_llama
 
 MAX_LEN = 32
@@ -155,3 +156,36 @@ def test_whole_row_forward_without_a_cache_equals_the_cached_one(build):
     uncached = target.forward(input_ids, torch.arange(9).unsqueeze(0), None, None, None, [0])
     torch.testing.assert_close(uncached.logits[:1], cached.logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(uncached.hidden_states[0][:1], cached.hidden_states[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("heads, kv_heads, batch_mask", [(4, 2, True), (6, 3, False), (4, 4, True)])
+def test_grouped_attention_equals_torch_attention(heads, kv_heads, batch_mask):
+    """The bf16 CPU path: per-row masks (batched decode), one mask for all rows (a tree), GQA."""
+    torch.manual_seed(0)
+    batch, length, kv_len = 3, 4, 10
+    query = torch.randn(batch, heads, length, 8, dtype=torch.float64)
+    key, value = (torch.randn(batch, kv_heads, kv_len, 8, dtype=torch.float64) for _ in range(2))
+    mask = torch.rand(batch if batch_mask else 1, 1, length, kv_len) < 0.6
+    mask[..., 0] = True  # every query attends somewhere
+    expected = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=0.3, enable_gqa=True)
+    # Its softmax runs in fp32: equal to fp32 rounding; a wrong head grouping or mask is off by O(1).
+    torch.testing.assert_close(
+        grouped_attention(query, key, value, mask, 0.3), expected, rtol=1e-5, atol=1e-6
+    )
+
+
+def test_a_bf16_target_decodes_as_its_fp32_self_within_bf16_rounding():
+    """bf16 on a CPU takes grouped_attention in cached steps: batched rows and a prefill
+    stay within bf16's rounding of the fp32 forward (which takes torch's fused kernel)."""
+    model = tiny_llama()
+    reference = CachedTarget(model)
+    low = CachedTarget(tiny_llama().to(torch.bfloat16))
+    prompts = torch.randint(0, 128, (2, 9))
+    outputs = []
+    for target in (reference, low):
+        cache = target.new_cache(2, MAX_LEN)
+        slots = torch.arange(9)
+        mask = causal_mask(0, 9, 16, "cpu")
+        outputs.append(target.forward(prompts, slots.unsqueeze(0), cache, slots, mask).logits.float())
+    assert (outputs[1] - outputs[0]).abs().max() < 0.05 * outputs[0].abs().max()
+    assert torch.equal(outputs[1].argmax(-1), outputs[0].argmax(-1))
