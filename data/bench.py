@@ -23,6 +23,7 @@ from data.generation import Completion
 from data.prepare import DataConfig, select_conversations
 from data.regenerate import RegenerateConfig, Regenerated, Replay, regenerate_conversations, stop_tokens
 from data.tally import Tally
+from heads.machine import machine_line
 from heads.target import DTYPES, Target, TargetConfig
 
 
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     hf_rate = hf_tokens / hf_seconds
     print(
         f"\n{len(conversations)} conversations, max_length {args.max_length}, max_new_tokens "
-        f"{args.max_new_tokens}, greedy, {torch.get_num_threads()} threads\n"
+        f"{args.max_new_tokens}, greedy; {machine_line()}\n"
     )
     print("| method | batch | generated tokens | seconds | tokens/s | x HF | conversations identical to HF |")
     print("|---|---|---|---|---|---|---|")

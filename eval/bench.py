@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from eval.run import EvalConfig, evaluate, parse_setting
+from heads.machine import machine_line
 from heads.target import Target, TargetConfig
 
 METHODS = ("plain", "hf_greedy", "hf_prompt_lookup")
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         parse_setting(setting)  # a typo fails here, not after the first temperature's run
     rows = run_bench(target, args.head, args.out, base, args.settings, args.temperatures)
     (args.out / "bench.json").write_text(json.dumps(rows, indent=2))
+    print(machine_line())
     print(table(rows))
     return rows
 

@@ -18,6 +18,7 @@ import torch
 
 from eval.baselines import hf_generate
 from eval.plain_decoder import PlainDecoder
+from heads.machine import machine_line
 from heads.target import Target, TargetConfig
 
 PATHS = ("torch", "auto")  # the reference, then what the decoders use
@@ -82,9 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--tokens must start at 1: the curve is relative to one decode step")
     target = Target.load(TargetConfig(name=args.target))
     curve = verify_curve(target, args.contexts, args.tokens, args.reps)
-    print(
-        f"threads {torch.get_num_threads()}; median of {args.reps}; k = tokens in the forward (K drafts + 1)\n"
-    )
+    print(f"{machine_line()}; median of {args.reps}; k = tokens in the forward (K drafts + 1)\n")
     print("| linears | context | " + " | ".join(f"k={k}" for k in args.tokens) + " |")
     print("|---|---|" + "---|" * len(args.tokens))
     for path in PATHS:

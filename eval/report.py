@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from eval.verdict import IdentityCheck
+from heads.machine import machine_line
 
 PROMPT_BUCKETS = (0, 128, 512, 2048, math.inf)  # prompt tokens
 RESPONSE_BUCKETS = (0, 32, 128, 512, math.inf)  # response tokens
@@ -192,7 +193,7 @@ def _title(report: dict) -> list[str]:
         f"each, up to {s['max_new_tokens']} new tokens per turn); {drafting}; temperature "
         f"{s['temperature']}{_verification(s)}. AL = tokens emitted per verification round (bonus token included); "
         "× = speed-up in time per token against each baseline, timed on the same turns, interleaved.",
-    ]
+    ] + ([f"Timed on: {machine_line(report['machine'])}."] if report.get("machine") else [])
 
 
 def _verification(settings: dict) -> str:

@@ -58,6 +58,7 @@ from eval.summary import closing_summary, next_command
 from eval.verdict import VERDICT_FILE, IdentityCheck, Verdict, write_verdict
 from eval.verify import SamplingParams
 from heads.confidence import load_confidence
+from heads.machine import describe_machine
 from heads.registry import head_digest, load_head, read_head_config
 from heads.target import Target, TargetConfig
 
@@ -371,6 +372,7 @@ def evaluate(
     }
     report["calibration"] = calibration
     report["settings"] = dataclasses.asdict(cfg)
+    report["machine"] = describe_machine()  # every time and cost above is this machine's
     report["head"] = {
         "dir": str(head_dir),
         "kind": kind,

@@ -245,24 +245,6 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def native_bf16(device: torch.device) -> bool:
-    """Whether bf16 matmuls run natively here: a CUDA GPU that supports them, or a CPU with AMX
-    or avx512_bf16 (elsewhere torch emulates bf16 on the CPU, ~25x slower than fp32)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    flags = cpu_flags()
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo); empty elsewhere: then nothing is assumed."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return set()
-    return {flag for line in lines if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
-
-
 @dataclass
 class TargetStep:
     logits: torch.Tensor | None  # [B, S', V]: the last S' = num_logits positions (all by default; None for 0)

@@ -32,6 +32,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from data.hidden_cache import HiddenCache, build_hidden_cache
 from data.prepare import DataConfig, prepare_dataset
 from heads.eagle3 import default_layer_ids
+from heads.machine import machine_line
 from heads.target import Target, TargetConfig
 from train.batches import pad_rows
 from train.config import HeadConfig, TrainConfig
@@ -246,8 +247,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         f"EAGLE-3 training throughput: target {args.target}, batch {args.batch_size} x <= {args.max_length} "
         f"tokens, draft vocab {args.draft_vocab or 'full'}, TTT {args.ttt_steps}, loss chunk "
         f"{args.chunk_tokens}, confidence head {'off' if args.no_confidence else 'on'}, "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"CPU {torch.backends.cpu.get_cpu_capability()}",
+        f"on {machine_line()}",
         flush=True,
     )
     if args.work_dir is not None:

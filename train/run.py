@@ -71,7 +71,8 @@ def run(job: JobConfig) -> dict:
     """Run the configured stages; returns what each produced (paths, summaries)."""
     from data.prepare import data_cache_root, default_out_dir, prepare_dataset, select_conversations
     from data.regenerate import regenerate_data
-    from heads.target import Target, native_bf16
+    from heads.machine import native_bf16
+    from heads.target import Target
     from train.trainer import make_accelerator, train, whole_target_weights
 
     check_stages(job.stages)

@@ -153,10 +153,21 @@ def test_corrupted_cache_is_rebuilt(smollm2_cfg, tmp_path):
 
 
 def test_native_bf16_follows_the_cpu_flags(monkeypatch):
-    import heads.target as target_module
+    import heads.machine as machine
 
-    monkeypatch.setattr(target_module, "cpu_flags", lambda: {"avx2", "avx512f"})
-    assert not target_module.native_bf16(torch.device("cpu"))
-    monkeypatch.setattr(target_module, "cpu_flags", lambda: {"avx512f", "amx_bf16"})
-    assert target_module.native_bf16(torch.device("cpu"))
-    assert isinstance(target_module.cpu_flags(), set)
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "avx512f"})
+    assert not machine.native_bf16(torch.device("cpu"))
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx512f", "amx_bf16"})
+    assert machine.native_bf16(torch.device("cpu"))
+    assert isinstance(machine.cpu_flags(), set)
+
+
+def test_the_machine_description_names_the_features_that_decide_speed(monkeypatch):
+    import heads.machine as machine
+
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "fma", "avx512_bf16"})
+    described = machine.describe_machine()
+    assert described["simd"] == ["avx2", "avx512_bf16"]
+    assert described["torch_threads"] == torch.get_num_threads()
+    line = machine.machine_line(described)
+    assert "avx2, avx512_bf16" in line and f"{torch.get_num_threads()} torch threads" in line

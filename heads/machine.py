@@ -1,0 +1,63 @@
+"""What this machine is: the CPU features that decide which paths are fast, and a description
+that every speed figure carries (reports, benchmarks), since a ratio measured on one CPU says
+little about another (BENCHMARKS.md: the same cloud VM type came with and without avx512)."""
+
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+# The CPU features that change what is fast here (fp32 matmul width, native bf16).
+SIMD_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo); empty elsewhere: then nothing is assumed."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return set()
+    return {flag for line in lines if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether bf16 matmuls run natively here: a CUDA GPU that supports them, or a CPU with AMX
+    or avx512_bf16 (elsewhere torch emulates bf16 on the CPU, ~25x slower than fp32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    flags = cpu_flags()
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or "unknown CPU"
+
+
+def describe_machine() -> dict:
+    """The machine a figure was measured on: CPU model, cores, SIMD features, torch threads, GPU."""
+    flags = cpu_flags()
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "simd": [flag for flag in SIMD_FLAGS if flag in flags],
+        "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
+    }
+
+
+def machine_line(machine: dict | None = None) -> str:
+    """describe_machine() in one line, e.g. for the top of a benchmark's output."""
+    machine = machine or describe_machine()
+    simd = ", ".join(machine["simd"]) or "no avx2"
+    gpu = f"; GPU {machine['gpu']}" if machine["gpu"] else "; no GPU"
+    return (
+        f"{machine['cpu']} ({machine['cores']} cores; {simd}; {machine['torch_threads']} torch threads)"
+        f"{gpu}; torch {machine['torch']}"
+    )
