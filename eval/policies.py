@@ -15,8 +15,9 @@ must read the device once per draft step: that is the price of a dynamic draft l
 Policies with `needs_confidence` read `DraftStep.confidence`, the calibrated c_k of a
 confidence head (heads/confidence.py) the decoder was given; the survival of draft j is
 a_j = Π_{i<=j} c_i, the probability that verification accepts drafts 1..j. Those policies
-also adapt per request: `RunningCorrection` shifts the confidences towards the acceptance
-this request actually gets, and `ExpectedGain` prices drafts at the request's running rate.
+also adapt: `RunningCorrection` shifts the confidences towards the acceptance this request
+(and, as its prior, the earlier ones) actually gets, and `ExpectedGain` prices drafts at the
+request's running rate.
 """
 
 import math
@@ -135,20 +136,29 @@ class RunningCorrection:
     verification revealed: drafts 1..accepted were accepted, draft accepted + 1 (if drafted)
     was rejected, later drafts are unobserved. A request whose drafts do better than the head
     predicts (repetitive code, say) gets longer drafts, and one that does worse shorter ones.
-    Everything stays on the device. rate 0 turns it off.
+    Each request starts from the mean shift the earlier ones ended with (0 for the first): a
+    bias every request shares (a head calibrated on greedy acceptance, decoding at T=1) is
+    learnt once, not again in every request's first rounds. Everything stays on the device but
+    that mean, read once per request. rate 0 turns it off.
     """
 
     rate: float
-    shift: torch.Tensor | None = field(default=None, repr=False)  # [B]; None = 0
+    shift: torch.Tensor | None = field(default=None, repr=False)  # [B]; None = the prior
+    prior: float = 0.0  # the mean shift earlier requests ended with
+    requests: int = 0  # how many ended with a shift
 
     def reset(self) -> None:
+        """A new request: fold the last one's shift into the prior, start from the prior."""
+        if self.shift is not None:
+            self.requests += 1
+            self.prior += (float(self.shift.mean()) - self.prior) / self.requests
         self.shift = None
 
     def apply(self, confidences: torch.Tensor) -> torch.Tensor:
         """confidences [..., B] -> corrected [..., B]."""
-        if self.shift is None:
+        if self.shift is None and self.prior == 0:
             return confidences.float()
-        return torch.sigmoid(_log_odds(confidences) + self.shift)
+        return torch.sigmoid(_log_odds(confidences) + (self.prior if self.shift is None else self.shift))
 
     def update(self, confidences: torch.Tensor, accepted: int) -> None:
         """confidences [k, B] of the round's drafts; accepted: how many verification accepted."""
@@ -158,7 +168,7 @@ class RunningCorrection:
         predicted = self.apply(confidences[:observed])  # [o, B]
         outcomes = (torch.arange(observed, device=predicted.device) < accepted).float()[:, None]
         step = self.rate * (outcomes - predicted).sum(dim=0)  # [B]
-        shift = step if self.shift is None else self.shift + step
+        shift = step + (self.prior if self.shift is None else self.shift)
         self.shift = shift.clamp(-MAX_SHIFT, MAX_SHIFT)
 
 
