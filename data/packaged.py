@@ -36,6 +36,9 @@ REPO_ASSETS = {
     # The embedded target's own greedy replies to the first ShareGPT conversations
     # (data/regenerate.py), so a job trains on what the target writes without regenerating.
     "smollm2_replies": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies.jsonl.gz",
+    # More of them: the next 458 ShareGPT conversations (638-1095, fp32 target), disjoint from
+    # the first set; together they double the replies a recipe trains on.
+    "smollm2_replies_more": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_more.jsonl.gz",
 }
 
 

@@ -2,7 +2,7 @@ import importlib.util
 
 import pytest
 
-from data.packaged import ASSETS, packaged_file
+from data.packaged import ASSETS, REPO_ASSETS, packaged_file
 
 
 @pytest.mark.parametrize("name", sorted(ASSETS))
@@ -21,23 +21,24 @@ def test_unknown_asset_lists_the_known_ones():
         packaged_file("alpaca")
 
 
-def test_the_shipped_replies_read_as_a_source_and_match_their_manifest():
+@pytest.mark.parametrize("name", sorted(REPO_ASSETS))
+def test_the_shipped_replies_read_as_a_source_and_match_their_manifest(name):
     import gzip
     import hashlib
     import json
 
-    from data.packaged import REPO_ASSETS
     from data.sources import parse_source, read_source
     from data.tally import Tally
 
-    path = packaged_file("smollm2_replies")
-    assert path == REPO_ASSETS["smollm2_replies"]
-    manifest = json.loads(path.with_name("smollm2_sharegpt_replies.json").read_text())
+    path = packaged_file(name)
+    assert path == REPO_ASSETS[name]
+    manifest = json.loads(path.with_suffix("").with_suffix(".json").read_text())
+    assert manifest["shipped"]["file"] == path.name
     assert (
         hashlib.sha256(gzip.decompress(path.read_bytes())).hexdigest()
         == manifest["shipped"]["sha256_uncompressed"]
     )
     tally = Tally()
-    conversations = list(read_source(parse_source("smollm2_replies"), tally))
+    conversations = list(read_source(parse_source(name), tally))
     assert len(conversations) == manifest["counts"]["kept"] and not tally.skipped
     assert conversations[0].turns[1][0] == "assistant"
