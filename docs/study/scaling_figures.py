@@ -23,8 +23,10 @@ TARGETS = {
 }  # fmt: skip
 RANKS = 16  # 2 nodes x 8 GPUs
 
-print("| target | draft vocab | trainable head params | hidden cache per 1M tokens (bf16) "
-      f"| head + AdamW per rank: DDP | ZeRO-2 over {RANKS} ranks |")
+print(
+    "| target | draft vocab | trainable head params | hidden cache per 1M tokens (bf16) "
+    f"| head + AdamW per rank: DDP | ZeRO-2 over {RANKS} ranks |"
+)
 print("|---|---|---|---|---|---|")
 for name, (config, draft_vocab_size) in TARGETS.items():
     draft_vocab = DraftVocab.from_token_ids(torch.arange(draft_vocab_size), config.vocab_size)
@@ -33,5 +35,7 @@ for name, (config, draft_vocab_size) in TARGETS.items():
         head = Eagle3Head.from_target(config, embed_weight=embed, draft_vocab=draft_vocab)
     params = sum(p.numel() for p in head.parameters() if p.requires_grad)
     cache = (len(head.args.target_layer_ids) + 1) * config.hidden_size * 2 * 1e6
-    print(f"| {name} | {draft_vocab_size} | {params / 1e6:.1f} M | {cache / 1e9:.1f} GB "
-          f"| {16 * params / 1e9:.2f} GB | {(4 + 12 / RANKS) * params / 1e9:.2f} GB |")
+    print(
+        f"| {name} | {draft_vocab_size} | {params / 1e6:.1f} M | {cache / 1e9:.1f} GB "
+        f"| {16 * params / 1e9:.2f} GB | {(4 + 12 / RANKS) * params / 1e9:.2f} GB |"
+    )
