@@ -377,7 +377,8 @@ class CachedTarget:
             keys, values = cache.update(cache_positions, key, value)
             kv_len = attn_mask.shape[-1]  # attend to cache slots 0 .. L - 1 only
             key, value = keys[:, :, :kv_len], values[:, :, :kv_len]
-        if attn_mask is not None and query.device.type == "cpu" and query.dtype != torch.float32:
+        # Decoding steps only: a whole row without a cache would materialise [S, S] scores per head.
+        if cache is not None and query.device.type == "cpu" and query.dtype != torch.float32:
             out = grouped_attention(query, key, value, attn_mask, attention.scaling)
         else:
             out = F.scaled_dot_product_attention(
