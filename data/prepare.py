@@ -268,8 +268,8 @@ def prepare_dataset(cfg: DataConfig, tokenizer, out_dir: Path) -> PreparedData:
         )
     tally.kept = len(rows)
     train_rows, validation_rows = _split(rows, cfg)
-    budget = len(train_rows) if cfg.max_train_rows is None else cfg.max_train_rows
-    train_rows, left_out = train_rows[:budget], len(train_rows[budget:])
+    kept_rows = train_rows[: cfg.max_train_rows]  # None: all
+    left_out, train_rows = len(train_rows) - len(kept_rows), kept_rows
     seconds = time.perf_counter() - start
     manifest.update(
         tokenizer_name=tokenizer.name_or_path,  # informative; the reuse key is the tokenizer's hash

@@ -47,7 +47,7 @@ class RegenerateConfig:
     # The target's dtype while it regenerates; null = target.dtype. bfloat16 decodes a 64-row
     # batch ~2x faster on CPUs with AMX, 1.3x with avx512_bf16 (BENCHMARKS.md); the replies are
     # then the bf16 target's.
-    # auto = bfloat16 where it runs natively (heads.target.native_bf16), else target.dtype.
+    # auto = bfloat16 where it runs natively (heads.machine.native_bf16), else target.dtype.
     dtype: str | None = None
 
     def validate(self) -> None:

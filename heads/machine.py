@@ -12,13 +12,18 @@ import torch
 SIMD_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo); empty elsewhere: then nothing is assumed."""
+def _cpuinfo(field: str) -> list[str]:
+    """The values of one field of Linux's /proc/cpuinfo, a line per CPU; empty elsewhere."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return set()
-    return {flag for line in lines if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+        return []
+    return [line.split(":", 1)[1].strip() for line in lines if line.startswith(field)]
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags; empty where /proc/cpuinfo is not: then nothing is assumed."""
+    return {flag for flags in _cpuinfo("flags") for flag in flags.split()}
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -31,11 +36,7 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def cpu_model() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor() or "unknown CPU"
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    names = _cpuinfo("model name")
     return names[0] if names else platform.processor() or "unknown CPU"
 
 
