@@ -94,7 +94,8 @@ class TrainConfig:
     warmup_steps: int = 20
     weight_decay: float = 0.0
     grad_clip: float = 0.5
-    # fp32 | bf16. bf16 autocast is ~2x faster on CPUs with avx512_bf16, ~25x slower without.
+    # fp32 | bf16 | auto. bf16 autocast is ~2x faster on CPUs with AMX or avx512_bf16 (offline
+    # hidden states), ~25x slower without; auto = bf16 where it runs natively, else fp32.
     precision: str = "fp32"
     # Tokens per chunk of the vocab-sized loss; lower saves memory, higher is faster.
     loss_chunk_tokens: int = 1024

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import hydra
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from train import reuse
@@ -77,6 +78,11 @@ def run(job: JobConfig) -> dict:
 
     check_stages(job.stages)
     run_dir = Path(job.run_dir)
+    if job.train.precision == "auto":  # as data.regenerate.dtype=auto: bf16 where it runs natively
+        on_cpu = not torch.cuda.is_available() or job.target.device == "cpu"
+        precision = "bf16" if native_bf16(torch.device("cpu" if on_cpu else "cuda")) else "fp32"
+        log.info("train.precision=auto: %s on this machine", precision)
+        job = replace(job, train=replace(job.train, precision=precision))
     accelerator = make_accelerator(job)
     if job.wandb.mode != "disabled":
         accelerator.init_trackers(

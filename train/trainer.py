@@ -143,6 +143,8 @@ def train(
     run = setup(job, accelerator, target, train_rows, val_rows, objective)
     state = resume(run)
     build_features(run)
+    if len(val_rows) and state.step == 0:  # where training starts: a trained start's baseline
+        validation(run, state)
     last_step = cfg.stop_at_step or cfg.max_steps
     window = MetricWindow(run, state)
     while state.step < last_step:
@@ -196,8 +198,8 @@ def check_train_config(cfg) -> None:
     """Refuse train.* values the loop cannot honour, before anything is built."""
     if cfg.hidden_states not in ("online", "offline"):
         raise ValueError(f"train.hidden_states={cfg.hidden_states!r}; choose online or offline")
-    if cfg.precision not in ("fp32", "bf16"):
-        raise ValueError(f"train.precision={cfg.precision!r}; choose fp32 or bf16")
+    if cfg.precision not in ("fp32", "bf16"):  # auto is resolved by train/run.py, before this
+        raise ValueError(f"train.precision={cfg.precision!r}; choose fp32, bf16 or auto")
     if cfg.snapshot_every < 0:
         raise ValueError(f"train.snapshot_every={cfg.snapshot_every}: expected 0 (never) or a step count")
     if not 0 <= cfg.stop_at_step <= cfg.max_steps:

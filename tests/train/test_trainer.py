@@ -76,7 +76,7 @@ def test_killed_job_resumes_to_the_same_weights_as_an_uninterrupted_run(make_job
     run(make_job(run_dir=tmp_path / "killed"))
     resumed = head_weights(tmp_path / "killed")
     validations = (tmp_path / "killed" / "val_metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in validations] == [3, 6]  # each once
+    assert [json.loads(line)["step"] for line in validations] == [0, 3, 6]  # each once
     assert resumed.keys() == straight.keys()
     for name in straight:
         torch.testing.assert_close(resumed[name], straight[name], rtol=0, atol=0, msg=name)
@@ -183,8 +183,8 @@ def test_a_job_without_a_validation_split_trains(make_job, tmp_path):
 def test_validation_metrics_are_written_for_learning_curves(make_job, tmp_path):
     run(make_job("train.max_steps=6", "train.val_every=3"))
     lines = [json.loads(line) for line in (tmp_path / "run" / "val_metrics.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == [3, 6]
-    assert lines[0]["tokens"] < lines[1]["tokens"]
+    assert [line["step"] for line in lines] == [0, 3, 6]  # 0: the head training starts from
+    assert lines[0]["tokens"] == 0 < lines[1]["tokens"] < lines[2]["tokens"]
     assert all("val/acc_0" in line and "val/loss" in line for line in lines)
 
 
@@ -230,3 +230,21 @@ def test_a_head_can_start_from_a_trained_one(make_job, tmp_path, caplog):
         run(make_job("head=medusa", f"head.init={first}", run_dir=tmp_path / "medusa"))
     with pytest.raises(ValueError, match="a trained head directory"):
         run(make_job(f"head.init={tmp_path / 'nowhere'}", run_dir=tmp_path / "bad"))
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_auto_precision_is_bf16_only_where_the_machine_runs_it_natively(make_job, monkeypatch, native):
+    import heads.machine
+    import train.trainer as trainer
+
+    monkeypatch.setattr(heads.machine, "native_bf16", lambda device: native)
+    seen = []
+
+    def record(job):  # the precision the job's accelerator would be built with; the run stops there
+        seen.append(job.train.precision)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "make_accelerator", record)
+    with pytest.raises(KeyboardInterrupt):
+        run(make_job("train.precision=auto"))
+    assert seen == ["bf16" if native else "fp32"]
