@@ -166,16 +166,17 @@ class SpeculativeDecoder:
         out = self.plain.forward(
             torch.cat([root, draft_tokens], dim=1), state.committed - 1, layer_ids=self.strategy.layer_ids
         )
+        spots = torch.arange(num_drafts + 1, device=self.device)
+        if num_drafts == 0:  # a plain step: the target's own pick, made as the plain loop makes it
+            new_tokens = self.plain.choose(out.logits[:, -1], sampling, generator)  # [1]
+            self._commit(state, out, spots, new_tokens)
+            return new_tokens.tolist(), 0, 0  # the round's device read
         if sampling.greedy:
             verdict = verify_chain_greedy(draft_tokens, out.logits)
         else:
-            draft_probs = proposal.draft_probs
-            if draft_probs is None:  # no drafts
-                draft_probs = out.logits.new_zeros(1, 0, self.plain.vocab_size, dtype=torch.float32)
             verdict = self._sampled_chain_rule(
-                draft_tokens, draft_probs, process_logits(out.logits, sampling), generator
+                draft_tokens, proposal.draft_probs, process_logits(out.logits, sampling), generator
             )
-        spots = torch.arange(num_drafts + 1, device=self.device)
         padded = torch.nn.functional.pad(draft_tokens[0], (0, 1))
         new_tokens = torch.where(spots < verdict.accept_len, padded, verdict.next_token)  # [k + 1]
         accepted, *new_host = torch.cat([verdict.accept_len, new_tokens]).tolist()  # the round's device read

@@ -264,7 +264,8 @@ class ExpectedGain(DraftLengthPolicy):
     drafting rounds in a row that verified nothing, the next min(2^(n-1), max_skip) rounds do not
     draft at all (plain steps; the drafter catches up on their tokens in one forward when it next
     drafts), so a request where drafts keep failing pays for a probe every max_skip + 1 rounds,
-    and one whose drafts start paying again is noticed within that many rounds.
+    and one whose drafts start paying again is noticed within that many rounds. A request probes
+    its first round; n carries over from the request before.
     Context: what a round costs changes with the context it attends to. `by_context` holds the
     prices measured at several context lengths; each round is priced at the measured length
     nearest its running context (alpha, beta_per_token and verify_costs above are the prices
@@ -293,6 +294,10 @@ class ExpectedGain(DraftLengthPolicy):
             measured.check(self.max_draft_len, "" if context is None else f" at context {context}")
         self._price(prices)
         self.correction = RunningCorrection(self.adapt_rate)
+        # Drafting rounds in a row that verified nothing, carried across requests like the
+        # correction: where drafts kept failing, a new request's failed first probe backs off
+        # at once instead of probing its way up again (~4 probes per request).
+        self._idle = 0
         self.start_request()
 
     def _price(self, prices: RoundPrices) -> None:
@@ -320,7 +325,7 @@ class ExpectedGain(DraftLengthPolicy):
     def start_request(self) -> None:
         self.correction.reset()
         self._tokens, self._cost = 1.0, 1.0
-        self._idle = self._skip = 0  # drafting rounds in a row that verified nothing; rounds left to skip
+        self._skip = 0  # rounds left to skip: a request probes its first round
 
     def price_at(self, context_tokens: int) -> None:
         """Take the prices measured at the context nearest this one (no-op without by_context)."""

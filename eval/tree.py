@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.registry import kernel
+from kernels.tree_verify_reference import exponentials
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,7 @@ def select_children(
     """
     keys = log_probs
     if sampled:
-        exponential = torch.empty_like(log_probs).exponential_(1, generator=generator)
-        keys = log_probs - exponential.log()  # log q + Gumbel noise
+        keys = log_probs - exponentials(log_probs, generator).log()  # log q + Gumbel noise
     tokens = keys.topk(k, dim=-1).indices
     return tokens, log_probs.gather(-1, tokens)
 

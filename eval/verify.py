@@ -20,6 +20,7 @@ from kernels.registry import kernel
 from kernels.tree_verify_reference import (
     ResidualRule,
     draw_uniforms,
+    exponentials,
     normalise,
     pick,
     processed_probs,
@@ -67,8 +68,7 @@ def process_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tens
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row from probs [..., V] (exponential race: argmax p/E, E ~ Exp(1); no sync)."""
-    race = torch.empty_like(probs).exponential_(1, generator=generator)
-    return (probs / race).argmax(dim=-1)
+    return (probs / exponentials(probs, generator)).argmax(dim=-1)
 
 
 def verify_chain_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:

@@ -157,6 +157,13 @@ def draw_uniforms(
     return torch.rand(batch, num_nodes + vocab, generator=generator, device=device)
 
 
+def exponentials(like: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Exp(1) noise shaped like `like` (fp32), as -log(u) (race's convention): ~4x faster on a
+    CPU than torch's exponential_, which costs 1.4 ms per 49k-token row on one core, a few
+    percent of a small target's decode step, paid by every sampled token and draft."""
+    return torch.rand(like.shape, generator=generator, device=like.device).log_().neg_()
+
+
 def race(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row of weights [B, V] >= 0 (any scale) from uniforms [B, V]: an exponential
     race, argmax w / E with E = -log(u) ~ Exp(1), draws v with probability w(v) / sum(w)."""

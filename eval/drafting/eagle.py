@@ -91,7 +91,8 @@ class EagleRunner:
             return self.drafter.step(features, input_ids, positions, self.cache, cache_positions, mask)
 
     def features(self, hidden_states: list[torch.Tensor], final_hidden: torch.Tensor) -> torch.Tensor:
-        return self.drafter.project_features(hidden_states, final_hidden)
+        with packed_forwards(self.linears):  # every round pays it, drafting or not
+            return self.drafter.project_features(hidden_states, final_hidden)
 
     def catch_up(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the pending positions through the drafter -> (last hidden [1, 1, H], logits [1, draft_V])."""

@@ -108,8 +108,8 @@ def test_expected_gain_probes_less_often_while_its_drafts_keep_failing():
     assert [skipped_after_a_failed_probe() for _ in range(4)] == [1, 2, 4, 4]
     policy.end_round(steps(0.9), verified=1, accepted=1)  # a probe that paid: draft every round again
     assert skipped_after_a_failed_probe() == 1
-    policy.start_request()
-    assert policy.start_round(100)
+    policy.start_request()  # probes its first round, backing off from where the last request was
+    assert skipped_after_a_failed_probe() == 2
     never = ExpectedGain(max_draft_len=4, alpha=0.1, adapt_rate=0.0, max_skip=0)
     never.end_round(steps(0.1), verified=0, accepted=0)
     assert never.start_round(100)
