@@ -39,6 +39,8 @@ REPO_ASSETS = {
     # More of them: the next 458 ShareGPT conversations (638-1095, fp32 target), disjoint from
     # the first set; together they double the replies a recipe trains on.
     "smollm2_replies_more": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_more.jsonl.gz",
+    # And the next 322 (1096-1417, bf16 target): 287 kept, 180k generated tokens.
+    "smollm2_replies_third": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_third.jsonl.gz",
 }
 
 
