@@ -98,6 +98,7 @@ def compose_job(target_dir: Path, chats: Path, cache_dir: Path, run_dir: Path, *
                 "train.val_batches=2",
                 "train.checkpoint_every=3",
                 "train.loss_chunk_tokens=64",
+                "train.precision=fp32",  # the same on every machine (auto is bf16 where native)
                 "wandb.mode=disabled",
                 "stages=[prepare,train]",
                 f"run_dir={run_dir}",

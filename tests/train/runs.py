@@ -60,6 +60,7 @@ def launch(job, accelerate_config: str, *overrides: str, env: dict[str, str] | N
         f"train.log_every={job.train.log_every}",
         f"train.val_every={job.train.val_every}",
         f"train.checkpoint_every={job.train.checkpoint_every}",
+        f"train.precision={job.train.precision}",
         f"wandb.mode={job.wandb.mode}",
         "stages=[prepare,train]",
         f"run_dir={job.run_dir}",
