@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from heads.target import CachedTarget
-from kernels.tree_verify_reference import exponentials, processed_probs
+from kernels.tree_verify_reference import processed_probs, sample
 
 
 @dataclass
@@ -86,7 +86,7 @@ class BatchedGenerator:
         if self.temperature == 0:
             return logits.argmax(dim=-1)
         probs = processed_probs(logits, self.temperature, 0, self.top_p)
-        return (probs / exponentials(probs, self.generator)).argmax(dim=-1)  # a draw (exponential race)
+        return sample(probs, self.generator)
 
     def _start(self, b: int, request: Request) -> None:
         """Encode the part of the prompt not already in row b's cache; the first token comes out."""

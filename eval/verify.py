@@ -20,12 +20,12 @@ from kernels.registry import kernel
 from kernels.tree_verify_reference import (
     ResidualRule,
     draw_uniforms,
-    exponentials,
     normalise,
     pick,
     processed_probs,
     rejection_walk,
     residual_distribution,
+    sample,
 )
 
 
@@ -64,11 +64,6 @@ def process_logits(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tens
     if sampling.greedy:
         raise ValueError("process_logits is for sampling; greedy decoding uses the argmax")
     return processed_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-
-
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row from probs [..., V] (exponential race: argmax p/E, E ~ Exp(1); no sync)."""
-    return (probs / exponentials(probs, generator)).argmax(dim=-1)
 
 
 def verify_chain_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:

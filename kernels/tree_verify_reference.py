@@ -164,6 +164,11 @@ def exponentials(like: torch.Tensor, generator: torch.Generator | None = None) -
     return torch.rand(like.shape, generator=generator, device=like.device).log_().neg_()
 
 
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row from probs [..., V] (exponential race: argmax p/E, E ~ Exp(1); no sync)."""
+    return (probs / exponentials(probs, generator)).argmax(dim=-1)
+
+
 def race(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row of weights [B, V] >= 0 (any scale) from uniforms [B, V]: an exponential
     race, argmax w / E with E = -log(u) ~ Exp(1), draws v with probability w(v) / sum(w)."""

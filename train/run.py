@@ -74,13 +74,13 @@ def run(job: JobConfig) -> dict:
     from data.regenerate import regenerate_data
     from heads.machine import native_bf16
     from heads.target import Target
-    from train.trainer import make_accelerator, train, whole_target_weights
+    from train.trainer import make_accelerator, runs_on_cpu, train, whole_target_weights
 
     check_stages(job.stages)
     run_dir = Path(job.run_dir)
     if job.train.precision == "auto":  # as data.regenerate.dtype=auto: bf16 where it runs natively
-        on_cpu = not torch.cuda.is_available() or job.target.device == "cpu"
-        precision = "bf16" if native_bf16(torch.device("cpu" if on_cpu else "cuda")) else "fp32"
+        device = torch.device("cpu" if runs_on_cpu(job) else "cuda")
+        precision = "bf16" if native_bf16(device) else "fp32"
         log.info("train.precision=auto: %s on this machine", precision)
         job = replace(job, train=replace(job.train, precision=precision))
     accelerator = make_accelerator(job)

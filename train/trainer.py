@@ -83,10 +83,15 @@ class FeatureSource:
         return layers, stack([final for _, final in per_row])
 
 
+def runs_on_cpu(job: JobConfig) -> bool:
+    """The job trains on the CPU: no GPU here, or target.device=cpu."""
+    return not torch.cuda.is_available() or job.target.device == "cpu"
+
+
 def make_accelerator(job: JobConfig) -> Accelerator:
     from accelerate.utils import InitProcessGroupKwargs
 
-    on_cpu = not torch.cuda.is_available() or job.target.device == "cpu"
+    on_cpu = runs_on_cpu(job)
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
     # accelerate drops DeepSpeed without a word when cpu=True; DeepSpeed's own CPU accelerator
     # then places everything on the CPU.
