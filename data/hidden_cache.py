@@ -76,9 +76,13 @@ def build_hidden_cache(
             log.warning("%s was built for another target/layers/data: rebuilding", out_dir)
     done = {shard["start"] for shard in manifest["shards"]}
     starts = [s for s in range(0, len(rows), rows_per_shard) if s not in done]
-    for start in tqdm(starts, desc="hidden-state cache (shards)", disable=not show_progress):
+    cached_rows = sum(shard["end"] - shard["start"] for shard in manifest["shards"])
+    progress = tqdm(
+        total=len(rows), initial=cached_rows, desc="hidden-state cache", unit="row", disable=not show_progress
+    )
+    for start in starts:
         end = min(start + rows_per_shard, len(rows))
-        tensors = _encode_shard(target, [rows[i] for i in range(start, end)], layer_ids, batch_size)
+        tensors = _encode_shard(target, [rows[i] for i in range(start, end)], layer_ids, batch_size, progress)
         name = f"shard_{start // rows_per_shard:05d}.safetensors"
         tmp = out_dir / (name + ".tmp")
         save_file(tensors, str(tmp))
@@ -87,34 +91,40 @@ def build_hidden_cache(
         manifest["shards"].sort(key=lambda shard: shard["start"])
         manifest["bytes"] = sum((out_dir / s["file"]).stat().st_size for s in manifest["shards"])
         _write_json(manifest_path, manifest)
+    progress.close()
     log.info("hidden-state cache %s: %d rows, %.2f GB", out_dir, len(rows), manifest["bytes"] / 1e9)
     return manifest
 
 
 def _encode_shard(
-    target: Target, rows: Sequence[dict], layer_ids: Sequence[int], batch_size: int
+    target: Target, rows: Sequence[dict], layer_ids: Sequence[int], batch_size: int, progress: tqdm
 ) -> dict[str, torch.Tensor]:
-    per_layer: dict[str, list[torch.Tensor]] = {f"layer_{i}": [] for i in layer_ids}
-    finals, lengths = [], []
+    """One shard's hidden states, rows in their order. Batches are formed from rows sorted by
+    length, so a batch pads to rows of about its own length rather than to its longest
+    neighbour in data order (conversations of 50 to 1024 tokens side by side)."""
+    states: list[list[torch.Tensor] | None] = [None] * len(rows)  # per row: layer states..., final
+    by_length = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
     for first in range(0, len(rows), batch_size):
-        batch = rows[first : first + batch_size]
-        length = max(len(r["input_ids"]) for r in batch)
+        batch = by_length[first : first + batch_size]
+        length = max(len(rows[i]["input_ids"]) for i in batch)
         input_ids = torch.zeros((len(batch), length), dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
-        for i, row in enumerate(batch):
-            input_ids[i, : len(row["input_ids"])] = torch.as_tensor(row["input_ids"])
-            attention_mask[i, : len(row["input_ids"])] = 1
+        for b, i in enumerate(batch):
+            input_ids[b, : len(rows[i]["input_ids"])] = torch.as_tensor(rows[i]["input_ids"])
+            attention_mask[b, : len(rows[i]["input_ids"])] = 1
         out = target(input_ids.to(target.device), attention_mask.to(target.device), layer_ids)
-        for i, row in enumerate(batch):
-            n = len(row["input_ids"])
-            for layer_id, hidden in zip(layer_ids, out.hidden_states):
-                per_layer[f"layer_{layer_id}"].append(hidden[i, :n].cpu())
-            finals.append(out.final_hidden[i, :n].cpu())
-            lengths.append(n)
+        for b, i in enumerate(batch):
+            n = len(rows[i]["input_ids"])
+            states[i] = [hidden[b, :n].cpu() for hidden in (*out.hidden_states, out.final_hidden)]
+        progress.update(len(batch))
+    lengths = [len(row["input_ids"]) for row in rows]
     offsets = torch.zeros(len(lengths) + 1, dtype=torch.long)
     offsets[1:] = torch.tensor(lengths).cumsum(0)
-    tensors = {name: torch.cat(parts).contiguous() for name, parts in per_layer.items()}
-    tensors["final"] = torch.cat(finals).contiguous()
+    tensors = {
+        f"layer_{layer_id}": torch.cat([s[k] for s in states]).contiguous()
+        for k, layer_id in enumerate(layer_ids)
+    }
+    tensors["final"] = torch.cat([s[-1] for s in states]).contiguous()
     tensors["offsets"] = offsets
     return tensors
 

@@ -7,9 +7,11 @@ from tests.helpers import tiny_llama, tiny_tokenizer
 
 
 def rows(seed: int, count: int = 5) -> list[dict]:
+    """Rows of lengths 6, 9, 7, 10, 8: out of length order, as conversations come."""
     generator = torch.Generator().manual_seed(seed)
     return [
-        {"input_ids": torch.randint(4, 128, (6 + i,), generator=generator).tolist()} for i in range(count)
+        {"input_ids": torch.randint(4, 128, (6 + 3 * i % count,), generator=generator).tolist()}
+        for i in range(count)
     ]
 
 
@@ -18,13 +20,16 @@ def tiny_target(seed: int = 0) -> Target:
 
 
 def test_the_cache_holds_the_targets_hidden_states_of_each_row(tmp_path):
+    """Batches are formed in length order inside a shard; every row still gets its own states."""
     target, data = tiny_target(), rows(0)
-    build_hidden_cache(target, data, [0, 2], tmp_path, rows_per_shard=2, show_progress=False)
+    build_hidden_cache(target, data, [0, 2], tmp_path, rows_per_shard=3, batch_size=2, show_progress=False)
     cache = HiddenCache(tmp_path, target, [0, 2], data)
-    layers, final = cache.row(3)
-    out = target(torch.tensor([data[3]["input_ids"]]), layer_ids=[0, 2])
-    torch.testing.assert_close(layers[1], out.hidden_states[1][0])
-    torch.testing.assert_close(final, out.final_hidden[0])
+    for index, row in enumerate(data):
+        layers, final = cache.row(index)
+        out = target(torch.tensor([row["input_ids"]]), layer_ids=[0, 2])
+        for cached, alone in zip(layers, out.hidden_states):
+            torch.testing.assert_close(cached, alone[0])
+        torch.testing.assert_close(final, out.final_hidden[0])
 
 
 @pytest.mark.parametrize(
@@ -32,7 +37,11 @@ def test_the_cache_holds_the_targets_hidden_states_of_each_row(tmp_path):
     [
         (lambda: (tiny_target(), rows(1), [0, 2]), "rows_sha256"),  # same count, other token ids
         (
-            lambda: (tiny_target(), rows(0)[:4] + [{"input_ids": rows(0)[4]["input_ids"][:-1]}], [0, 2]),
+            lambda: (
+                tiny_target(),
+                [*rows(0)[:3], {"input_ids": rows(0)[3]["input_ids"][:-1]}, rows(0)[4]],
+                [0, 2],
+            ),
             "max_length",
         ),
         (lambda: (tiny_target(seed=1), rows(0), [0, 2]), "weights"),
