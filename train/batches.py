@@ -4,12 +4,20 @@ Rows are shuffled once per epoch with (seed, epoch) and dealt out in order: micr
 of optimizer step s on rank r takes the next `batch_size` rows at position
 ((s * grad_accum + m) * world + r) * batch_size of the endless shuffled stream. The data
 position of a run is therefore fully described by its optimizer step.
+
+With row lengths given (train.group_by_length), each epoch's shuffled order is regrouped in
+chunks of GROUP_BATCHES micro-batches: a chunk is sorted by length and cut into micro-batches,
+whose order inside the chunk is shuffled again. A micro-batch then holds rows of about one
+length, so padding to its longest row costs ~3% instead of ~25% (conversations of 50 to 1024
+tokens), while which rows meet in a chunk stays random (HF Trainer's group_by_length).
 """
 
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+
+GROUP_BATCHES = 16
 
 
 @dataclass(frozen=True)
@@ -19,13 +27,20 @@ class BatchPlan:
     grad_accum: int
     world: int
     seed: int
+    lengths: tuple[int, ...] = ()  # every row's length: micro-batches grouped by length; () = not
+
+    @classmethod
+    def for_rows(cls, rows, cfg, world: int) -> "BatchPlan":
+        """The plan a training job (TrainConfig `cfg`) follows over `rows` on `world` ranks."""
+        lengths = tuple(len(ids) for ids in rows["input_ids"]) if cfg.group_by_length else ()
+        return cls(len(rows), cfg.batch_size, cfg.grad_accum, world, cfg.seed, lengths)
 
     def rows(self, step: int, micro: int, rank: int) -> list[int]:
         first = ((step * self.grad_accum + micro) * self.world + rank) * self.batch_size
         rows = []
         for position in range(first, first + self.batch_size):
             epoch, offset = divmod(position, self.num_rows)
-            rows.append(_epoch_order(self.seed, epoch, self.num_rows)[offset])
+            rows.append(_epoch_order(self.seed, epoch, self.num_rows, self.lengths, self.batch_size)[offset])
         return rows
 
     def epoch(self, step: int) -> float:
@@ -33,9 +48,22 @@ class BatchPlan:
 
 
 @lru_cache(maxsize=2)
-def _epoch_order(seed: int, epoch: int, num_rows: int) -> list[int]:
+def _epoch_order(
+    seed: int, epoch: int, num_rows: int, lengths: tuple[int, ...], batch_size: int
+) -> list[int]:
     generator = torch.Generator().manual_seed(seed * 100_003 + epoch)
-    return torch.randperm(num_rows, generator=generator).tolist()
+    order = torch.randperm(num_rows, generator=generator).tolist()
+    if not lengths:
+        return order
+    grouped = []
+    group = GROUP_BATCHES * batch_size
+    for first in range(0, num_rows, group):
+        chunk = sorted(order[first : first + group], key=lambda row: lengths[row])
+        batches = [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+        full = len(chunk) // batch_size  # a last, partial micro-batch stays last
+        for k in [*torch.randperm(full, generator=generator).tolist(), *range(full, len(batches))]:
+            grouped.extend(batches[k])
+    return grouped
 
 
 def pad_rows(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:

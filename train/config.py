@@ -88,6 +88,8 @@ class TrainConfig:
     # Rows per optimizer step = batch_size x grad_accum x processes.
     batch_size: int = 4
     grad_accum: int = 1
+    # Micro-batches of rows of about one length (train/batches.py): ~3% padding instead of ~25%.
+    group_by_length: bool = True
     # Optimizer steps; the schedule (warm-up + cosine) spans them.
     max_steps: int = 300
     lr: float = 1e-3

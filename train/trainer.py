@@ -238,7 +238,7 @@ def setup(job: JobConfig, accelerator: Accelerator, target: Target, train_rows, 
         if cfg.precision == "bf16"
         else nullcontext()
     )
-    plan = BatchPlan(len(train_rows), cfg.batch_size, cfg.grad_accum, accelerator.num_processes, cfg.seed)
+    plan = BatchPlan.for_rows(train_rows, cfg, accelerator.num_processes)
     return Run(
         job, accelerator, target, train_rows, val_rows, model, optimizer, scheduler, params, whole,
         layer_ids, head_args, autocast, plan,

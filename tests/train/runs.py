@@ -32,7 +32,7 @@ def expected_tokens(job, world: int, steps: int) -> list[int]:
 
     data_dir = json.loads((Path(job.run_dir) / "results.json").read_text())["data_dir"]
     train_rows = load_from_disk(str(Path(data_dir) / "dataset"))["train"]
-    plan = BatchPlan(len(train_rows), job.train.batch_size, job.train.grad_accum, world, job.train.seed)
+    plan = BatchPlan.for_rows(train_rows, job.train, world)
     return [
         sum(len(train_rows[i]["input_ids"]) for rank in range(world) for i in plan.rows(step, 0, rank))
         for step in range(steps)
