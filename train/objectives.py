@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from heads.confidence import ConfidenceHead
+from heads.confidence import ConfidenceHead, has_confidence
 from heads.dflash import DFlashHead
 from heads.draft_vocab import DraftVocab, build_draft_vocab, count_masked_tokens
 from heads.eagle1 import Eagle1Head
@@ -314,9 +314,9 @@ def check_confidence_config(head_cfg: HeadConfig) -> None:
         )
 
 
-def new_head(head_cfg: HeadConfig, target: Target, train_rows) -> nn.Module:
-    """The head training starts from: fresh (random, target_layer) or a trained one (release: the
-    head heads/release/ ships for this target, if any; or a head directory)."""
+def trained_start(head_cfg: HeadConfig, target: Target) -> str | None:
+    """The directory of the trained head training starts from (head.init=release: the head
+    heads/release/ ships for this target, if any; or a head directory), None for a fresh head."""
     init = head_cfg.init
     if init == "release":
         shipped = shipped_head(target, head_cfg.kind)
@@ -326,15 +326,25 @@ def new_head(head_cfg: HeadConfig, target: Target, train_rows) -> nn.Module:
                 head_cfg.kind,
             )
         init = "random" if shipped is None else str(shipped)
-    if init not in ("random", "target_layer"):
-        if not (Path(init) / "head_config.json").is_file():
-            raise ValueError(
-                f"head.init={head_cfg.init!r}: choose random, target_layer, release or a trained head directory"
-            )
+    if init in ("random", "target_layer"):
+        return None
+    if not (Path(init) / "head_config.json").is_file():
+        raise ValueError(
+            f"head.init={head_cfg.init!r}: choose random, target_layer, release or a trained head directory"
+        )
+    return init
+
+
+def new_head(head_cfg: HeadConfig, target: Target, train_rows, start: str | None) -> nn.Module:
+    """The head training starts from: the trained one in `start` (trained_start), else a fresh
+    one (head.init random or target_layer)."""
+    if start is not None:
         if head_cfg.variant.active():
-            raise ValueError(f"head.init={init!r} brings its own layer variant: leave head.variant unset")
-        log.info("%s head starts from the trained head in %s (its draft vocabulary too)", head_cfg.kind, init)
-        return load_trained_drafter(init, head_cfg, target, "head.init")
+            raise ValueError(f"head.init={start!r} brings its own layer variant: leave head.variant unset")
+        log.info(
+            "%s head starts from the trained head in %s (its draft vocabulary too)", head_cfg.kind, start
+        )
+        return load_trained_drafter(start, head_cfg, target, "head.init")
     if head_cfg.init == "target_layer" and head_cfg.kind != "eagle3":
         raise ValueError(f"head.init=target_layer is for EAGLE-3 heads; head.kind={head_cfg.kind!r}")
     if head_cfg.variant.active() and head_cfg.kind != "eagle3":
@@ -425,13 +435,32 @@ def load_trained_drafter(path: str, head_cfg: HeadConfig, target: Target, key: s
 
 
 def build_confidence(
-    head_cfg: HeadConfig, head: nn.Module, target: Target, chunk_tokens: int
+    head_cfg: HeadConfig, head: nn.Module, target: Target, chunk_tokens: int, start: str | None = None
 ) -> ConfidenceTraining:
-    # EAGLE heads keep their geometry under args.layer, Medusa at the top of its args.
-    hidden_size = head.args.hidden_size if head_cfg.kind == "medusa" else head.args.layer.hidden_size
-    confidence = ConfidenceHead.for_drafter(
-        head_cfg.kind, hidden_size, target.embed_weight, head_cfg.confidence_temperature
-    )
+    """The confidence head to train beside `head`: the one saved with the trained head in `start`
+    when it learnt the same labels (its calibration dropped: training moves the logits it was
+    fitted to; the eval refits it), else a fresh one."""
+    confidence = None
+    if start is not None and has_confidence(start):
+        saved = ConfidenceHead.from_pretrained(start, embed_weight=target.embed_weight)
+        if saved.args.label_temperature == head_cfg.confidence_temperature:
+            saved.args.temperatures = []
+            confidence = saved
+            log.info("confidence head starts from the one in %s", start)
+        else:
+            log.info(
+                "confidence head starts fresh: %s's learnt labels at temperature %s, "
+                "head.confidence_temperature=%s",
+                start,
+                saved.args.label_temperature,
+                head_cfg.confidence_temperature,
+            )
+    if confidence is None:
+        # EAGLE heads keep their geometry under args.layer, Medusa at the top of its args.
+        hidden_size = head.args.hidden_size if head_cfg.kind == "medusa" else head.args.layer.hidden_size
+        confidence = ConfidenceHead.for_drafter(
+            head_cfg.kind, hidden_size, target.embed_weight, head_cfg.confidence_temperature
+        )
     return ConfidenceTraining(
         confidence,
         head_cfg.confidence_gamma,
@@ -450,13 +479,14 @@ def build_objective(head_cfg: HeadConfig, target: Target, train_rows, train_cfg:
             raise ValueError(
                 "head.confidence=true: the block drafter (dflash) has no confidence head; set it false"
             )
-        head = new_head(head_cfg, target, train_rows)
+        head = new_head(head_cfg, target, train_rows, trained_start(head_cfg, target))
         return DFlashObjective(
             head, target.lm_head_weight, chunk, head_cfg.max_anchors, head_cfg.dflash_decay_gamma
         )
     frozen = head_cfg.confidence and head_cfg.confidence_training == "frozen"
-    head = load_frozen_drafter(head_cfg, target) if frozen else new_head(head_cfg, target, train_rows)
-    confidence = build_confidence(head_cfg, head, target, chunk) if head_cfg.confidence else None
+    start = None if frozen else trained_start(head_cfg, target)
+    head = load_frozen_drafter(head_cfg, target) if frozen else new_head(head_cfg, target, train_rows, start)
+    confidence = build_confidence(head_cfg, head, target, chunk, start) if head_cfg.confidence else None
     kw = {"confidence": confidence, "train_drafter": not frozen}
     if head_cfg.kind == "eagle3":
         return Eagle3Objective(head, target.lm_head_weight, chunk, train_cfg.ttt_steps, **kw)

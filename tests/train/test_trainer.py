@@ -224,6 +224,11 @@ def test_a_head_can_start_from_a_trained_one(make_job, tmp_path, caplog):
     run(make_job(f"head.init={first}", "train.max_steps=2", "train.lr=0", run_dir=tmp_path / "warm"))
     start, end = load_file(first / "model.safetensors"), head_weights(tmp_path / "warm")
     assert start.keys() == end.keys() and all(torch.equal(start[k], end[k]) for k in start)  # lr 0: unchanged
+    # Its confidence head starts from the trained one too, not from a fresh (constant 0.5) head.
+    start, end = (load_file(d / "confidence.safetensors") for d in (first, tmp_path / "warm" / "head"))
+    assert start["linear.weight"].abs().sum() > 0
+    assert all(torch.equal(start[k], end[k]) for k in start)
+    assert f"confidence head starts from the one in {first}" in caplog.text
     run(make_job("head.init=release", "train.max_steps=1", run_dir=tmp_path / "release"))
     assert "heads/release/ ships no eagle3 head for this target; random start" in caplog.text
     with pytest.raises(ValueError, match="holds a 'eagle3' head, but head.kind='medusa'"):
