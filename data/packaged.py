@@ -41,6 +41,8 @@ REPO_ASSETS = {
     "smollm2_replies_more": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_more.jsonl.gz",
     # And the next 322 (1096-1417, bf16 target): 287 kept, 180k generated tokens.
     "smollm2_replies_third": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_third.jsonl.gz",
+    # And the next 468 (1418-1885, fp32 target): 432 kept, 267k generated tokens.
+    "smollm2_replies_fourth": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_fourth.jsonl.gz",
 }
 
 
