@@ -90,10 +90,12 @@ class TrainConfig:
     grad_accum: int = 1
     # Micro-batches of rows of about one length (train/batches.py): ~3% padding instead of ~25%.
     group_by_length: bool = True
-    # Optimizer steps; the schedule (warm-up + cosine) spans them.
+    # Optimizer steps; the schedule (warm-up, then lr_schedule) spans them.
     max_steps: int = 300
     lr: float = 1e-3
     warmup_steps: int = 20
+    # After the linear warm-up: cosine (to 0 at max_steps) | linear (to 0) | constant.
+    lr_schedule: str = "cosine"
     weight_decay: float = 0.0
     grad_clip: float = 0.5
     # fp32 | bf16 | auto. bf16 autocast is ~2x faster on CPUs with AMX or avx512_bf16 (offline

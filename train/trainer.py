@@ -37,12 +37,21 @@ VAL_METRICS = "val_metrics.jsonl"  # in run_dir: one line per validation
 SNAPSHOTS = "snapshots"  # in run_dir: step-<N>/ heads every train.snapshot_every steps
 
 
-def cosine_with_warmup(optimizer: torch.optim.Optimizer, warmup: int, total: int):
+LR_SCHEDULES = {  # the lr factor after warm-up, at progress 0 -> 1 through the remaining steps
+    "cosine": lambda progress: 0.5 * (1 + math.cos(math.pi * progress)),
+    "linear": lambda progress: 1 - progress,
+    "constant": lambda progress: 1.0,
+}
+
+
+def lr_schedule(optimizer: torch.optim.Optimizer, schedule: str, warmup: int, total: int):
+    """A linear warm-up over `warmup` steps, then `schedule` until step `total`."""
+    after_warmup = LR_SCHEDULES[schedule]
+
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+        return after_warmup(min(1.0, (step - warmup) / max(1, total - warmup)))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
@@ -205,6 +214,8 @@ def check_train_config(cfg) -> None:
         raise ValueError(f"train.hidden_states={cfg.hidden_states!r}; choose online or offline")
     if cfg.precision not in ("fp32", "bf16"):  # auto is resolved by train/run.py, before this
         raise ValueError(f"train.precision={cfg.precision!r}; choose fp32, bf16 or auto")
+    if cfg.lr_schedule not in LR_SCHEDULES:
+        raise ValueError(f"train.lr_schedule={cfg.lr_schedule!r}; choose one of {sorted(LR_SCHEDULES)}")
     if cfg.snapshot_every < 0:
         raise ValueError(f"train.snapshot_every={cfg.snapshot_every}: expected 0 (never) or a step count")
     if not 0 <= cfg.stop_at_step <= cfg.max_steps:
@@ -218,7 +229,7 @@ def setup(job: JobConfig, accelerator: Accelerator, target: Target, train_rows, 
     objective = objective or build_objective(job.head, target, train_rows, cfg)
     params = [p for p in objective.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    scheduler = cosine_with_warmup(optimizer, cfg.warmup_steps, cfg.max_steps)
+    scheduler = lr_schedule(optimizer, cfg.lr_schedule, cfg.warmup_steps, cfg.max_steps)
     layer_ids, head_args = objective.layer_ids, objective.head_args()
     fill_deepspeed_config(accelerator, cfg)
     # ZeRO-3 partitions the module's own parameters in place: keep a whole copy to save into.
