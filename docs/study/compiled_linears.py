@@ -1,0 +1,81 @@
+"""A lead for issue 15 (verification at the cost of one step): the embedded target's per-layer
+Linear shapes, 30 layers of them (576 -> 1536 twice, 1536 -> 576, 576 -> 576 twice; ~400 MB of
+fp32 weights, so every call streams its weights from memory as a decode step does), eager
+against torch.compile with frozen weights and inductor's C++ GEMM template (max_autotune), for
+M rows (M = K drafts + 1). Prints milliseconds per pass over the stack.
+
+    OMP_NUM_THREADS=1 taskset -c 0 python docs/study/compiled_linears.py 1 2 5 9 17 [--dynamic]
+
+Without --dynamic every M compiles its own graph (minutes each, first time); with it, one graph
+with a symbolic M serves M >= 2 (M = 1 still gets its own). Not the decoder's path: a
+measurement of what the route would buy (BENCHMARKS.md, session 14).
+"""
+
+import argparse
+import time
+
+import torch
+import torch._inductor.config as inductor_config
+from torch import nn
+
+LAYERS = 30
+
+
+class LinearStack(nn.Module):
+    """The Linear products of LAYERS decoder layers (no attention, no norms)."""
+
+    def __init__(self):
+        super().__init__()
+        shapes = [(576, 1536), (576, 1536), (1536, 576), (576, 576), (576, 576)]
+        self.layers = nn.ModuleList(
+            nn.ModuleList(nn.Linear(i, o, bias=False) for i, o in shapes) for _ in range(LAYERS)
+        )
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        outs = []
+        for gate, up, down, q, o in self.layers:
+            outs.append(down(gate(x) * up(x)) + q(x) + o(x))
+        return outs
+
+
+def median_ms(fn, x: torch.Tensor) -> float:
+    for _ in range(3):
+        fn(x)
+    times = []
+    for _ in range(9):
+        start = time.perf_counter()
+        fn(x)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[4] * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("rows", type=int, nargs="*", default=[1, 2, 5, 9, 17])
+    parser.add_argument("--dynamic", action="store_true")
+    args = parser.parse_args()
+    inductor_config.freezing = True
+    inductor_config.max_autotune = True
+    inductor_config.max_autotune_gemm_backends = "CPP,ATEN"
+    torch.manual_seed(0)
+    model = LinearStack().eval()
+    compiled = torch.compile(model, dynamic=True) if args.dynamic else None
+    with torch.no_grad():
+        for rows in args.rows:
+            x = torch.randn(rows, 576)
+            if not args.dynamic:
+                torch._dynamo.reset()
+                compiled = torch.compile(model, dynamic=False)
+            start = time.perf_counter()
+            compiled(x)
+            compile_s = time.perf_counter() - start
+            error = max((a - b).abs().max().item() for a, b in zip(model(x), compiled(x)))
+            print(
+                f"M={rows}: eager {median_ms(model, x):.1f} ms, compiled {median_ms(compiled, x):.1f} ms "
+                f"(first call {compile_s:.0f} s, max abs difference {error:.1e})",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
