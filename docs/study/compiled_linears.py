@@ -13,10 +13,13 @@ measurement of what the route would buy (BENCHMARKS.md, session 14).
 
 import argparse
 import time
+from functools import partial
 
 import torch
 import torch._inductor.config as inductor_config
 from torch import nn
+
+from eval.bench_verify import median_seconds
 
 LAYERS = 30
 
@@ -36,17 +39,6 @@ class LinearStack(nn.Module):
         for gate, up, down, q, o in self.layers:
             outs.append(down(gate(x) * up(x)) + q(x) + o(x))
         return outs
-
-
-def median_ms(fn, x: torch.Tensor) -> float:
-    for _ in range(3):
-        fn(x)
-    times = []
-    for _ in range(9):
-        start = time.perf_counter()
-        fn(x)
-        times.append(time.perf_counter() - start)
-    return sorted(times)[4] * 1e3
 
 
 def main() -> None:
@@ -70,8 +62,9 @@ def main() -> None:
             compiled(x)
             compile_s = time.perf_counter() - start
             error = max((a - b).abs().max().item() for a, b in zip(model(x), compiled(x)))
+            eager_ms, compiled_ms = (1e3 * median_seconds(partial(f, x), reps=9) for f in (model, compiled))
             print(
-                f"M={rows}: eager {median_ms(model, x):.1f} ms, compiled {median_ms(compiled, x):.1f} ms "
+                f"M={rows}: eager {eager_ms:.1f} ms, compiled {compiled_ms:.1f} ms "
                 f"(first call {compile_s:.0f} s, max abs difference {error:.1e})",
                 flush=True,
             )
