@@ -17,7 +17,7 @@ from pathlib import Path
 
 from eval.run import EvalConfig, evaluate, parse_setting
 from heads.machine import machine_line
-from heads.target import Target, TargetConfig
+from heads.target import TARGET_LINEARS, Target, TargetConfig
 
 METHODS = ("plain", "hf_greedy", "hf_prompt_lookup")
 
@@ -86,6 +86,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--cuda-graphs", action=argparse.BooleanOptionalAction, default=True, help="CUDA targets only"
     )
+    parser.add_argument(
+        "--target-linears",
+        default="auto",
+        choices=TARGET_LINEARS,
+        help="the target's Linear path (eval.target_linears)",
+    )
     args = parser.parse_args(argv)
     target = Target.load(TargetConfig(name=args.target, device="auto"))
     base = EvalConfig(
@@ -97,6 +103,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         calibration_prompts_per_task=args.calibration_prompts[0],
         calibration_report_prompts_per_task=args.calibration_prompts[1],
         cuda_graphs=args.cuda_graphs,
+        target_linears=args.target_linears,
     )
     for setting in args.settings:
         parse_setting(setting)  # a typo fails here, not after the first temperature's run

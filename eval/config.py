@@ -62,4 +62,10 @@ class EvalConfig:
     # On a CUDA target: replay decode, verify and draft steps as CUDA graphs (eval/cuda_graphs.py).
     # Ignored on CPU.
     cuda_graphs: bool = True
+    # How the target's Linear layers run (heads/target.py, CachedTarget): auto (prepacked for
+    # oneDNN on a CPU in fp32), torch (the modules as they are) or compiled (decode steps and
+    # verifications through torch.compile with frozen weights: a few minutes of compilation per
+    # process on a CPU, then cheaper steps and cheaper verification; BENCHMARKS.md, session 15).
+    # The plain loop and the speculative decoder always share it, so speed-ups stay fair.
+    target_linears: str = "auto"
     seed: int = 0

@@ -77,6 +77,7 @@ class SpeculativeDecoder:
         confidence: ConfidenceHead | None = None,
         cuda_graphs: bool = False,
         verification: str = "token",
+        linears: str = "auto",
     ):
         """drafting picks the drafter kind: Chain/Tree/HybridDrafting for EAGLE heads,
         MedusaTreeDrafting for Medusa heads, BlockDrafting for block drafters (heads/dflash.py),
@@ -87,7 +88,8 @@ class SpeculativeDecoder:
         confidence: the drafter's confidence head (on the target's device), for the policies
         and trees that need one; with it every chain round records its drafts' confidences.
         cuda_graphs: on CUDA, replay the target's decode and verify forwards and the drafter's
-        steps as CUDA graphs (see PlainDecoder)."""
+        steps as CUDA graphs (see PlainDecoder). linears: the target's Linear path (PlainDecoder;
+        the plain loop of generate_plain is this decoder's, so the two always share it)."""
         if not isinstance(drafting, Drafting):
             raise ValueError(
                 f"drafting={drafting!r}: expected one of {[kind.__name__ for kind in Drafting.__args__]}"
@@ -102,7 +104,7 @@ class SpeculativeDecoder:
         self._sampled_chain_rule = rules[verification]
         self.drafting, self.drafter, self.confidence = drafting, drafter, confidence
         self.plain = PlainDecoder(
-            target_model, max_len, eos_token_id, kv_bucket, drafting.verify_room, cuda_graphs
+            target_model, max_len, eos_token_id, kv_bucket, drafting.verify_room, cuda_graphs, linears
         )
         self.device = self.plain.device
         self.strategy: DraftingStrategy = drafting.build(drafter, self.plain, confidence, max_len)

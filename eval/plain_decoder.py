@@ -70,8 +70,8 @@ class PlainDecoder:
         cuda_graphs: on a CUDA target, replay forwards of up to cache_room + 1 tokens (decode
         steps, verification) as CUDA graphs (eval/cuda_graphs.py); attention then always
         reads the whole cache, so that one graph serves every position.
-        linears: the target's Linear path (heads/packed_linear.py): auto (prepacked on CPU fp32)
-        or torch (the reference; benchmarks time both)."""
+        linears: the target's Linear path (heads/target.py, CachedTarget): auto (prepacked on
+        CPU fp32), torch (the reference) or compiled (torch.compile, frozen weights)."""
         self.target = CachedTarget(target_model, linears)
         limit = target_model.config.max_position_embeddings
         if not 1 <= max_len <= limit:

@@ -60,7 +60,7 @@ from eval.verify import SamplingParams
 from heads.confidence import load_confidence
 from heads.machine import describe_machine
 from heads.registry import head_digest, load_head, read_head_config
-from heads.target import Target, TargetConfig
+from heads.target import TARGET_LINEARS, Target, TargetConfig
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,7 @@ def make_decoder(
         confidence=confidence,
         cuda_graphs=cfg.cuda_graphs,
         verification=cfg.verification,
+        linears=cfg.target_linears,
     )
 
 
@@ -290,6 +291,8 @@ def evaluate(
     log_fn: Callable[[dict], None] | None = None,
 ) -> Path:
     """Run the eval; write report.json/.md, records.jsonl and plots to out_dir; return the JSON path."""
+    if cfg.target_linears not in TARGET_LINEARS:
+        raise ValueError(f"eval.target_linears={cfg.target_linears!r}: choose one of {TARGET_LINEARS}")
     head = load_trained_head(target, head_dir)
     kind = read_head_config(head_dir)["kind"]
     confidence = load_confidence(head_dir, embed_weight=target.embed_weight)

@@ -49,7 +49,8 @@ def next_command(
         advice = f"a longer run on more of the target's own replies (~80 min on a 2-core CPU): {recipe}"
         if slow and kind in CHEAPER_SETTINGS:
             advice += (
-                f"; on a CPU, also try prompt lookup, alone or beside the head: {CHEAPER_SETTINGS[kind]}"
+                f"; on a CPU, also try prompt lookup, alone or beside the head: {CHEAPER_SETTINGS[kind]}, "
+                "and eval.target_linears=compiled (target steps ~1.7x cheaper after minutes of compilation)"
             )
         if refused:
             advice += (

@@ -33,18 +33,8 @@ class KVCache(nn.Module):
     def update(
         self, cache_positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k/v [B, kv_heads, S, head_dim] at cache_positions [S] (every row alike) or [B, S]
-        (each row at its own slots, as batched generation needs); return the whole cache."""
-        if cache_positions.dim() == 1:
-            self.k.index_copy_(2, cache_positions, k.to(self.k.dtype))
-            self.v.index_copy_(2, cache_positions, v.to(self.v.dtype))
-        else:
-            # Indexed assignment, not scatter_: torch's CPU scatter_ copies the whole cache in
-            # bf16 (16 ms vs 0.014 ms for a 64-row layer here). Rows [B, 1] and slots [B, S]
-            # index dims 0 and 2, so the values go in as [B, S, kv_heads, head_dim].
-            rows = torch.arange(k.shape[0], device=k.device)[:, None]
-            self.k[rows, :, cache_positions] = k.transpose(1, 2).to(self.k.dtype)
-            self.v[rows, :, cache_positions] = v.transpose(1, 2).to(self.v.dtype)
+        """Write k/v at cache_positions (`write_kv`); return the whole cache."""
+        write_kv(self.k, self.v, cache_positions, k, v)
         return self.k, self.v
 
     def rows(self, start: int, stop: int) -> "KVCache":
@@ -67,3 +57,22 @@ class KVCache(nn.Module):
         dst = torch.arange(dst_start, dst_start + n, device=self.k.device)
         self.k.index_copy_(2, dst, self.k.index_select(2, src_positions))
         self.v.index_copy_(2, dst, self.v.index_select(2, src_positions))
+
+
+def write_kv(
+    keys: torch.Tensor, values: torch.Tensor, cache_positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """Write k/v [B, kv_heads, S, head_dim] into the cache tensors keys/values [B, kv_heads, L,
+    head_dim] at cache_positions [S] (every row alike) or [B, S] (each row at its own slots, as
+    batched generation needs). A function of tensors, so that a compiled target forward takes
+    any cache of the same shape without recompiling (heads/target.py)."""
+    if cache_positions.dim() == 1:
+        keys.index_copy_(2, cache_positions, k.to(keys.dtype))
+        values.index_copy_(2, cache_positions, v.to(values.dtype))
+    else:
+        # Indexed assignment, not scatter_: torch's CPU scatter_ copies the whole cache in
+        # bf16 (16 ms vs 0.014 ms for a 64-row layer here). Rows [B, 1] and slots [B, S]
+        # index dims 0 and 2, so the values go in as [B, S, kv_heads, head_dim].
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]
+        keys[rows, :, cache_positions] = k.transpose(1, 2).to(keys.dtype)
+        values[rows, :, cache_positions] = v.transpose(1, 2).to(values.dtype)

@@ -21,7 +21,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,8 +38,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from heads.kv_cache import KVCache
-from heads.packed_linear import Linear, linear_paths
+from heads.kv_cache import KVCache, write_kv
+from heads.packed_linear import LINEAR_PATHS, Linear, linear_paths
 
 log = logging.getLogger(__name__)
 
@@ -292,6 +292,35 @@ def grouped_attention(
     return torch.matmul(probs, value).reshape(batch, heads, length, dim)
 
 
+TARGET_LINEARS = (*LINEAR_PATHS, "compiled")
+COMPILED_MAX_TOKENS = 32  # longer cached forwards (prefills) run eagerly
+# Inductor, frozen weights: its C++ GEMM template packs each weight once and reuses every load
+# across the rows, so a few-row forward costs little more than one row (BENCHMARKS.md, session 15).
+COMPILE_OPTIONS = {"freezing": True, "max_autotune": True}
+CPU_GEMMS = {"max_autotune_gemm_backends": "CPP,ATEN"}  # measured on CPUs only
+
+
+def compiled_decoder_layers(model: PreTrainedModel) -> Callable:
+    """`CachedTarget.decoder_layers` of `model` (Linear modules as they are) through
+    torch.compile: two graphs (one token; any other count, dynamic shapes) serve every forward,
+    cache length and cache of the same layout. Made once per model and kept on it, so that every
+    decoder over the same target shares one compilation (minutes on a CPU: inductor cannot keep
+    a graph with packed weights in its disk cache)."""
+    compiled = model.__dict__.get("_compiled_decoder_layers")
+    if compiled is None:
+        import torch._inductor.config as inductor_config  # only here: importing inductor takes seconds
+
+        graph = torch.compile(CachedTarget(model, linears="torch").decoder_layers, dynamic=True)
+        options = COMPILE_OPTIONS | (CPU_GEMMS if model.device.type == "cpu" else {})
+
+        def compiled(*args):
+            with inductor_config.patch(options):  # read when a call compiles (torch.compile's
+                return graph(*args)  # `options` does not reach freezing)
+
+        model.__dict__["_compiled_decoder_layers"] = compiled
+    return compiled
+
+
 class CachedTarget:
     """The target's forward over an HF causal LM's own modules (`model.model.layers`,
     `model.lm_head`), with explicit positions, cache slots and a bool attention mask: a
@@ -304,10 +333,14 @@ class CachedTarget:
 
     linears: how the model's Linear layers run (heads/packed_linear.py): auto = weights
     prepacked for oneDNN on a CPU in fp32 (a few-row forward then costs what its work costs),
-    torch = the modules as they are (the reference).
+    torch = the modules as they are (the reference), compiled = the decoder layers of cached
+    forwards over at most COMPILED_MAX_TOKENS tokens (decode steps, verifications) through
+    torch.compile with the weights frozen (`compiled_decoder_layers`), everything else as auto.
     """
 
     def __init__(self, model: PreTrainedModel, linears: str = "auto"):
+        if linears not in TARGET_LINEARS:
+            raise ValueError(f"target linears {linears!r}: choose one of {TARGET_LINEARS}")
         config = model.config
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
@@ -321,7 +354,10 @@ class CachedTarget:
         self.head_dim = attention.head_dim
         self.num_kv_heads = config.num_key_value_heads
         self.qk_norm = config.model_type == "qwen3"
-        self.linear: dict[nn.Module, Linear] = linear_paths(model, linears)
+        self.linear: dict[nn.Module, Linear] = linear_paths(
+            model, "auto" if linears == "compiled" else linears
+        )
+        self.compiled = compiled_decoder_layers(model) if linears == "compiled" else None
 
     @property
     def num_layers(self) -> int:
@@ -358,7 +394,7 @@ class CachedTarget:
         layer_idx: int,
         hidden: torch.Tensor,  # [B, S, H] after input_layernorm
         rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [B, S, head_dim]
-        cache: KVCache | None,
+        cache: tuple[torch.Tensor, torch.Tensor] | None,  # the layer's KVCache k, v
         cache_positions: torch.Tensor | None,  # [S] or [B, S]
         attn_mask: torch.Tensor | None,  # [B or 1, 1, S, L] bool; None: causal over the S new tokens
     ) -> torch.Tensor:
@@ -374,7 +410,8 @@ class CachedTarget:
         query = query * cos + _rotate_half(query) * sin
         key = key * cos + _rotate_half(key) * sin
         if cache is not None:
-            keys, values = cache.update(cache_positions, key, value)
+            keys, values = cache
+            write_kv(keys, values, cache_positions, key, value)
             kv_len = attn_mask.shape[-1]  # attend to cache slots 0 .. L - 1 only
             key, value = keys[:, :, :kv_len], values[:, :, :kv_len]
         # Decoding steps only: a whole row without a cache would materialise [S, S] scores per head.
@@ -397,6 +434,32 @@ class CachedTarget:
         mlp = self.layers[layer_idx].mlp
         gated = mlp.act_fn(self.linear[mlp.gate_proj](hidden)) * self.linear[mlp.up_proj](hidden)
         return self.linear[mlp.down_proj](gated)
+
+    def decoder_layers(
+        self,
+        hidden: torch.Tensor,  # [B, S, H]: the embedded tokens
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache: list[tuple[torch.Tensor, torch.Tensor]] | None,  # per layer: its KVCache k, v
+        cache_positions: torch.Tensor | None,
+        attn_mask: torch.Tensor | None,
+        keep: Sequence[int] | None = None,
+    ) -> list[torch.Tensor]:
+        """The outputs [B, S, H] of the layers in `keep` (None: every layer), in its order, then
+        the last layer's."""
+        kept = {}
+        for layer_idx, layer in enumerate(self.layers):
+            hidden = hidden + self._attention(
+                layer_idx,
+                layer.input_layernorm(hidden),
+                rope,
+                None if cache is None else cache[layer_idx],
+                cache_positions,
+                attn_mask,
+            )
+            hidden = hidden + self._mlp(layer_idx, layer.post_attention_layernorm(hidden))
+            if keep is None or layer_idx in keep:
+                kept[layer_idx] = hidden
+        return [kept[layer_idx] for layer_idx in (kept if keep is None else keep)] + [hidden]
 
     @torch.no_grad()
     def forward(
@@ -422,27 +485,20 @@ class CachedTarget:
         decoder = self.model.model
         hidden = decoder.embed_tokens(input_ids)
         rope = decoder.rotary_emb(hidden, positions)
-        kept: dict[int, torch.Tensor] = {}
-        for layer_idx, layer in enumerate(self.layers):
-            attended = self._attention(
-                layer_idx,
-                layer.input_layernorm(hidden),
-                rope,
-                None if cache is None else cache[layer_idx],
-                cache_positions,
-                attn_mask,
-            )
-            hidden = hidden + attended
-            hidden = hidden + self._mlp(layer_idx, layer.post_attention_layernorm(hidden))
-            if layer_idx in layer_ids:
-                kept[layer_idx] = hidden
-        final_hidden = decoder.norm(hidden)
+        kv = None if cache is None else [(layer.k, layer.v) for layer in cache]
+        if self.compiled is not None and cache is not None and input_ids.shape[1] <= COMPILED_MAX_TOKENS:
+            # One graph for every call: all layers kept (a few small tensors), picked here.
+            every = self.compiled(hidden, rope, kv, cache_positions, attn_mask)
+            kept, last = [every[i] for i in layer_ids], every[-1]
+        else:
+            *kept, last = self.decoder_layers(hidden, rope, kv, cache_positions, attn_mask, layer_ids)
+        final_hidden = decoder.norm(last)
         projected = (
             final_hidden if num_logits is None else final_hidden[:, final_hidden.shape[1] - num_logits :]
         )
         return TargetStep(
             logits=self.linear[self.model.lm_head](projected) if num_logits != 0 else None,
-            hidden_states=[kept[layer_id] for layer_id in layer_ids],
+            hidden_states=kept,
             final_hidden=final_hidden,
         )
 

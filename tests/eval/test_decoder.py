@@ -67,6 +67,19 @@ def test_greedy_output_is_the_targets_own(target, reference, drafting, kind):
         assert accepted > NEW_TOKENS  # the accept path is exercised, not just rejections
 
 
+@pytest.mark.parametrize("drafting", ["chain", "tree"])
+def test_greedy_output_with_the_compiled_target_forward_is_the_targets_own(target, reference, drafting):
+    """linears=compiled: decode steps, chain and tree verifications through one compiled graph
+    set (frozen weights); the plain loop and the speculative decoder still emit the target's greedy tokens."""
+    decoder = SpeculativeDecoder(
+        target, eagle_drafter(target, "good"), DRAFTINGS[drafting], max_len=MAX_LEN, linears="compiled"
+    )
+    assert decoder.plain.target.compiled is not None
+    for prompt, expected in zip(PROMPTS, reference):
+        assert decoder.generate_plain(prompt, NEW_TOKENS).tokens == expected
+        assert decoder.generate(prompt, NEW_TOKENS).tokens == expected
+
+
 def test_greedy_medusa_tree_is_the_targets_own(target, reference):
     decoder = SpeculativeDecoder(target, TinyMedusa(target), MedusaTreeDrafting(), max_len=MAX_LEN)
     for prompt, expected in zip(PROMPTS, reference):

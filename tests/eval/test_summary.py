@@ -49,6 +49,7 @@ def test_the_advice_to_a_slow_head_fits_its_kind():
     assert (
         "head=dflash train=cpu_recipe" in step and "eval.compare=[ngram:4]" in step and "hybrid" not in step
     )
+    assert "eval.target_linears=compiled" in step
     report["head"]["kind"] = "medusa"
     step = next_command(report, None, "unused")
     assert "head=medusa train=cpu_recipe" in step and "compare" not in step

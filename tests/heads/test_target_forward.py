@@ -1,6 +1,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 from transformers import (
     MistralConfig,
     MistralForCausalLM,
@@ -90,6 +91,36 @@ def test_incremental_decoding_equals_full_forward():
     torch.testing.assert_close(torch.cat(logits, dim=1), full.logits, rtol=1e-5, atol=1e-5)
     for layer, reference in zip(cache, full_cache):
         torch.testing.assert_close(layer.k, reference.k, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_forward_equals_the_torch_path_and_is_shared_across_caches():
+    """linears=compiled (torch.compile, frozen weights) computes the modules' forward, for a
+    prefill, one token and a few (every decode and verify shape), with the layers picked by id;
+    a second forward object and cache over the same model reuse the first one's compilation."""
+    model = tiny_qwen2()  # q/k/v biases
+    reference = CachedTarget(model, linears="torch")
+    compiled = [CachedTarget(model, linears="compiled") for _ in range(2)]
+    assert compiled[0].compiled is compiled[1].compiled is not None
+    input_ids = torch.randint(0, 128, (1, 12))
+    caches = [target.new_cache(1, MAX_LEN) for target in (reference, *compiled)]
+    graphs_before = counters["stats"]["unique_graphs"]
+    for start, end in [(0, 5), (5, 6), (6, 9), (9, 12)]:
+        slots = torch.arange(start, end)
+        mask = causal_mask(start, end - start, 16, "cpu")
+        args = input_ids[:, start:end], slots.unsqueeze(0)
+        expected = reference.forward(*args, caches[0], slots, mask, layer_ids=[1, 0])
+        for target, cache in zip(compiled, caches[1:]):
+            got = target.forward(*args, cache, slots, mask, layer_ids=[1, 0])
+            torch.testing.assert_close(got.logits, expected.logits, rtol=1e-4, atol=1e-4)
+            for got_hidden, expected_hidden in zip(got.hidden_states, expected.hidden_states):
+                torch.testing.assert_close(got_hidden, expected_hidden, rtol=1e-4, atol=1e-4)
+    for cache in caches[1:]:
+        for layer, expected_layer in zip(cache, caches[0]):
+            torch.testing.assert_close(layer.v, expected_layer.v, rtol=1e-4, atol=1e-4)
+    # One token, and every other count: the second cache compiled nothing of its own.
+    assert counters["stats"]["unique_graphs"] - graphs_before == 2
+    with pytest.raises(ValueError, match="choose one of"):
+        CachedTarget(model, linears="jit")
 
 
 def test_tree_forward_scores_each_branch_as_its_own_sequence():
