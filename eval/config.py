@@ -63,9 +63,10 @@ class EvalConfig:
     # Ignored on CPU.
     cuda_graphs: bool = True
     # How the target's Linear layers run (heads/target.py, CachedTarget): auto (prepacked for
-    # oneDNN on a CPU in fp32), torch (the modules as they are) or compiled (decode steps and
-    # verifications through torch.compile with frozen weights: a few minutes of compilation per
-    # process on a CPU, then cheaper steps and cheaper verification; BENCHMARKS.md, session 15).
+    # oneDNN on a CPU in fp32), torch (the modules as they are) or compiled (decode steps,
+    # verifications and an EAGLE head's draft steps through torch.compile with frozen weights,
+    # heads/compiled.py: minutes of compilation per process on a CPU, then cheaper steps and
+    # cheaper verification; BENCHMARKS.md, sessions 15-16).
     # The plain loop and the speculative decoder always share it, so speed-ups stay fair.
     target_linears: str = "auto"
     seed: int = 0

@@ -6,6 +6,8 @@ nodes' entries into place with one gather (`compact`). Used by the draft heads a
 the decoder's cached target forward alike.
 """
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -76,3 +78,21 @@ def write_kv(
         rows = torch.arange(k.shape[0], device=k.device)[:, None]
         keys[rows, :, cache_positions] = k.transpose(1, 2).to(keys.dtype)
         values[rows, :, cache_positions] = v.transpose(1, 2).to(values.dtype)
+
+
+class KVTensors(NamedTuple):
+    """A cache's k and v as plain tensors, updated as KVCache is: what a compiled forward builds
+    from its tensor arguments (heads/compiled.py), so that it never reads a module's buffers."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+    def update(
+        self, cache_positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        write_kv(self.k, self.v, cache_positions, k, v)
+        return self.k, self.v

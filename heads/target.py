@@ -38,6 +38,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from heads.compiled import COMPILED_MAX_TOKENS, compiled_once, frozen_compile
 from heads.kv_cache import KVCache, write_kv
 from heads.packed_linear import LINEAR_PATHS, Linear, linear_paths
 
@@ -293,32 +294,17 @@ def grouped_attention(
 
 
 TARGET_LINEARS = (*LINEAR_PATHS, "compiled")
-COMPILED_MAX_TOKENS = 32  # longer cached forwards (prefills) run eagerly
-# Inductor, frozen weights: its C++ GEMM template packs each weight once and reuses every load
-# across the rows, so a few-row forward costs little more than one row (BENCHMARKS.md, session 15).
-COMPILE_OPTIONS = {"freezing": True, "max_autotune": True}
-CPU_GEMMS = {"max_autotune_gemm_backends": "CPP,ATEN"}  # measured on CPUs only
 
 
 def compiled_decoder_layers(model: PreTrainedModel) -> Callable:
     """`CachedTarget.decoder_layers` of `model` (Linear modules as they are) through
-    torch.compile: two graphs (one token; any other count, dynamic shapes) serve every forward,
-    cache length and cache of the same layout. Made once per model and kept on it, so that every
-    decoder over the same target shares one compilation (minutes on a CPU: inductor cannot keep
-    a graph with packed weights in its disk cache)."""
-    compiled = model.__dict__.get("_compiled_decoder_layers")
-    if compiled is None:
-        import torch._inductor.config as inductor_config  # only here: importing inductor takes seconds
-
-        graph = torch.compile(CachedTarget(model, linears="torch").decoder_layers, dynamic=True)
-        options = COMPILE_OPTIONS | (CPU_GEMMS if model.device.type == "cpu" else {})
-
-        def compiled(*args):
-            with inductor_config.patch(options):  # read when a call compiles (torch.compile's
-                return graph(*args)  # `options` does not reach freezing)
-
-        model.__dict__["_compiled_decoder_layers"] = compiled
-    return compiled
+    `frozen_compile`: two graphs (one token; any other count) serve every forward, cache length
+    and cache of the same layout, shared by every decoder over the model (`compiled_once`)."""
+    return compiled_once(
+        model,
+        "_compiled_decoder_layers",
+        lambda: frozen_compile(CachedTarget(model, linears="torch").decoder_layers, model.device),
+    )
 
 
 class CachedTarget:

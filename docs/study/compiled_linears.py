@@ -2,7 +2,7 @@
 Linear shapes, 30 layers of them (576 -> 1536 twice, 1536 -> 576, 576 -> 576 twice; ~400 MB of
 fp32 weights, so every call streams its weights from memory as a decode step does), eager
 against torch.compile with frozen weights and inductor's C++ GEMM template (max_autotune; the
-settings of `linears=compiled`, heads/target.py), for M rows (M = K drafts + 1). Prints
+settings of `linears=compiled`, heads/compiled.py), for M rows (M = K drafts + 1). Prints
 milliseconds per pass over the stack.
 
     OMP_NUM_THREADS=1 taskset -c 0 python docs/study/compiled_linears.py 1 2 5 9 17 [--dynamic]
@@ -21,7 +21,7 @@ import torch._inductor.config as inductor_config
 from torch import nn
 
 from eval.bench_verify import median_seconds
-from heads.target import COMPILE_OPTIONS, CPU_GEMMS
+from heads.compiled import COMPILE_OPTIONS, CPU_GEMMS
 
 LAYERS = 30
 
@@ -51,7 +51,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = LinearStack().eval()
     compiled = torch.compile(model, dynamic=True) if args.dynamic else None
-    # The compiled target forward's inductor settings (heads/target.py), so both measure one route.
+    # The compiled target forward's inductor settings (heads/compiled.py), so both measure one route.
     with inductor_config.patch(COMPILE_OPTIONS | CPU_GEMMS), torch.no_grad():
         for rows in args.rows:
             x = torch.randn(rows, 576)

@@ -5,8 +5,12 @@ features (EAGLE's shift: the feature of position t with the token at t + 1, at R
 t), overwriting what drafting wrote there; its last output is the first draft distribution.
 After the prefill this is the whole prompt. Drafting then steps on the drafter's own hidden
 state. The drafter's cache needs no rollback: the next catch-up overwrites draft-time entries.
+With the target forward compiled (`linears=compiled`), the drafter's steps are compiled too
+(`compiled_draft_step`): on a CPU an eager draft step costs more, relative to a compiled
+target step, than speculation can pay for.
 """
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -15,8 +19,9 @@ from eval.cuda_graphs import GraphedForward
 from eval.drafting.base import DecodeState
 from eval.plain_decoder import PlainDecoder
 from eval.tree import causal_mask
+from heads.compiled import COMPILED_MAX_TOKENS, compiled_once, frozen_compile
 from heads.confidence import ConfidenceHead
-from heads.kv_cache import KVCache
+from heads.kv_cache import KVCache, KVTensors
 from heads.packed_linear import module_linears, packed_forwards
 
 
@@ -81,6 +86,9 @@ class EagleRunner:
         self.step = self._eager_step
         if plain.cuda_graphs:
             self.step = GraphedForward(self._eager_step, max_tokens=max_step_tokens, token_dim_arg=1)
+        elif plain.target.compiled is not None:
+            self._compiled = compiled_draft_step(drafter, self.device)
+            self.step = self._compiled_step
 
     @property
     def draft_vocab(self) -> int:
@@ -89,6 +97,12 @@ class EagleRunner:
     def _eager_step(self, features, input_ids, positions, cache_positions, mask):
         with packed_forwards(self.linears):  # a one-token draft step pays no per-call weight re-layout
             return self.drafter.step(features, input_ids, positions, self.cache, cache_positions, mask)
+
+    def _compiled_step(self, features, input_ids, positions, cache_positions, mask):
+        if input_ids.shape[1] > COMPILED_MAX_TOKENS:  # a catch-up over a long prompt
+            return self._eager_step(features, input_ids, positions, cache_positions, mask)
+        keys, values = [layer.k for layer in self.cache], [layer.v for layer in self.cache]
+        return self._compiled(features, input_ids, positions, keys, values, cache_positions, mask)
 
     def features(self, hidden_states: list[torch.Tensor], final_hidden: torch.Tensor) -> torch.Tensor:
         with packed_forwards(self.linears):  # every round pays it, drafting or not
@@ -123,3 +137,14 @@ class EagleRunner:
         """Uncalibrated confidence logits [n] of drafts made from hidden [n, H], whose step
         consumed the tokens `consumed` [n]; None without a confidence head."""
         return None if self.confidence is None else self.confidence(hidden, consumed)
+
+
+def compiled_draft_step(drafter: EagleDrafter, device: torch.device) -> Callable:
+    """drafter.step through `frozen_compile`, its cache given as tensors (keys, values: one per
+    layer), shared by every runner over the drafter."""
+
+    def step_on_tensors(features, input_ids, positions, keys, values, cache_positions, mask):
+        cache = [KVTensors(k, v) for k, v in zip(keys, values)]
+        return drafter.step(features, input_ids, positions, cache, cache_positions, mask)
+
+    return compiled_once(drafter, "_compiled_draft_step", lambda: frozen_compile(step_on_tensors, device))

@@ -22,8 +22,16 @@ DRAFTER_FEATURE = -1e4
 class LMDrafter:
     """EAGLE-protocol drafter backed by a causal LM over the target vocabulary."""
 
-    def __init__(self, model: nn.Module, target_layer_ids=(0,), draft_token_ids: torch.Tensor | None = None):
-        self.lm = CachedTarget(model)
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer_ids=(0,),
+        draft_token_ids: torch.Tensor | None = None,
+        linears: str = "auto",
+    ):
+        """linears: the LM's Linear path (CachedTarget); torch where the decoder compiles the
+        drafter's step (prepacked weights are opaque to torch.compile)."""
+        self.lm = CachedTarget(model, linears)
         self.target_layer_ids = list(target_layer_ids)
         vocab = model.lm_head.weight.shape[0]
         self.draft_token_ids = torch.arange(vocab) if draft_token_ids is None else draft_token_ids
@@ -73,16 +81,14 @@ class TinyMedusa(nn.Module):
         )
 
 
-def eagle_drafter(target: nn.Module, kind: str) -> LMDrafter:
+def eagle_drafter(target: nn.Module, kind: str, linears: str = "auto") -> LMDrafter:
     """ "good": a perturbed copy of the target (accepts often); "random": an unrelated model."""
     vocab = target.config.vocab_size
     # A reduced draft vocabulary (every target id but a few) exercises the id mapping.
     draft_ids = torch.tensor([i for i in range(vocab) if i % 16 != 15])
     if kind == "good":
-        return LMDrafter(
-            perturbed_copy(target, noise=0.05), target_layer_ids=(1, 0), draft_token_ids=draft_ids
-        )
-    return LMDrafter(tiny_llama(seed=7, vocab_size=vocab), target_layer_ids=(0,), draft_token_ids=draft_ids)
+        return LMDrafter(perturbed_copy(target, noise=0.05), (1, 0), draft_ids, linears)
+    return LMDrafter(tiny_llama(seed=7, vocab_size=vocab), (0,), draft_ids, linears)
 
 
 def greedy_reference(target: nn.Module, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:

@@ -12,9 +12,12 @@ from eval.decoder import (
     SpeculativeDecoder,
     TreeDrafting,
 )
+from eval.drafting.eagle import compiled_draft_step
 from eval.policies import DraftProbabilityThreshold, StaticDraftLength
 from eval.tree import causal_mask
 from eval.verify import SamplingParams, process_logits
+from heads.draft_vocab import DraftVocab
+from heads.eagle3 import Eagle3Head
 from heads.kv_cache import KVCache
 from heads.target import CachedTarget
 from kernels import kv_compact_reference
@@ -67,17 +70,58 @@ def test_greedy_output_is_the_targets_own(target, reference, drafting, kind):
         assert accepted > NEW_TOKENS  # the accept path is exercised, not just rejections
 
 
+@pytest.fixture(scope="module")
+def compilable_drafter(target):
+    """One drafter for both compiled tests, so its steps compile once."""
+    return eagle_drafter(target, "good", linears="torch")
+
+
 @pytest.mark.parametrize("drafting", ["chain", "tree"])
-def test_greedy_output_with_the_compiled_target_forward_is_the_targets_own(target, reference, drafting):
-    """linears=compiled: decode steps, chain and tree verifications through one compiled graph
-    set (frozen weights); the plain loop and the speculative decoder still emit the target's greedy tokens."""
+def test_greedy_output_with_the_compiled_target_forward_is_the_targets_own(
+    target, reference, compilable_drafter, drafting
+):
+    """linears=compiled: decode steps, chain and tree verifications and the drafter's steps
+    through compiled graphs (frozen weights); the plain loop and the speculative decoder still
+    emit the target's greedy tokens, with drafts accepted."""
     decoder = SpeculativeDecoder(
-        target, eagle_drafter(target, "good"), DRAFTINGS[drafting], max_len=MAX_LEN, linears="compiled"
+        target, compilable_drafter, DRAFTINGS[drafting], max_len=MAX_LEN, linears="compiled"
     )
     assert decoder.plain.target.compiled is not None
+    assert decoder.strategy.eagle.step == decoder.strategy.eagle._compiled_step
+    accepted = 0
     for prompt, expected in zip(PROMPTS, reference):
         assert decoder.generate_plain(prompt, NEW_TOKENS).tokens == expected
-        assert decoder.generate(prompt, NEW_TOKENS).tokens == expected
+        generation = decoder.generate(prompt, NEW_TOKENS)
+        assert generation.tokens == expected
+        accepted += generation.metrics.accepted_draft_tokens
+    assert accepted > NEW_TOKENS
+
+
+@torch.no_grad()
+def test_a_compiled_eagle3_step_computes_the_eager_step_and_is_shared():
+    """What linears=compiled runs for an EAGLE-3 head: its step through torch.compile, the cache
+    given as tensors; a catch-up of a few tokens, then one-token and two-token steps."""
+    target = tiny_llama(num_layers=3)
+    head = Eagle3Head.from_target(
+        target.config,
+        embed_weight=target.model.embed_tokens.weight,
+        draft_vocab=DraftVocab.full(target.config.vocab_size),
+        target_layer_ids=[0, 1, 2],
+    ).eval()
+    step = compiled_draft_step(head, torch.device("cpu"))
+    assert compiled_draft_step(head, torch.device("cpu")) is step  # one compilation per head
+    eager_cache, compiled_cache = (head.new_cache(1, 16, "cpu", torch.float32) for _ in range(2))
+    for start, length in [(0, 5), (5, 1), (6, 2)]:
+        features = torch.randn(1, length, 32)
+        input_ids = torch.randint(0, 128, (1, length))
+        slots = torch.arange(start, start + length)
+        mask = causal_mask(start, length, 16, "cpu")
+        expected = head.step(features, input_ids, slots.unsqueeze(0), eager_cache, slots, mask)
+        keys, values = [layer.k for layer in compiled_cache], [layer.v for layer in compiled_cache]
+        got = step(features, input_ids, slots.unsqueeze(0), keys, values, slots, mask)
+        for got_tensor, expected_tensor in zip(got, expected):
+            torch.testing.assert_close(got_tensor, expected_tensor, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(compiled_cache[0].k, eager_cache[0].k, rtol=1e-4, atol=1e-4)
 
 
 def test_greedy_medusa_tree_is_the_targets_own(target, reference):
