@@ -36,8 +36,7 @@ class KVCache(nn.Module):
         self, cache_positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k/v at cache_positions (`write_kv`); return the whole cache."""
-        write_kv(self.k, self.v, cache_positions, k, v)
-        return self.k, self.v
+        return write_kv(self.k, self.v, cache_positions, k, v)
 
     def rows(self, start: int, stop: int) -> "KVCache":
         """A cache over rows start .. stop - 1 of this one, sharing its storage: a prefill of one
@@ -63,11 +62,11 @@ class KVCache(nn.Module):
 
 def write_kv(
     keys: torch.Tensor, values: torch.Tensor, cache_positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-) -> None:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Write k/v [B, kv_heads, S, head_dim] into the cache tensors keys/values [B, kv_heads, L,
     head_dim] at cache_positions [S] (every row alike) or [B, S] (each row at its own slots, as
-    batched generation needs). A function of tensors, so that a compiled target forward takes
-    any cache of the same shape without recompiling (heads/target.py)."""
+    batched generation needs); return keys, values. A function of tensors, so that a compiled
+    forward takes any cache of the same shape without recompiling (heads/compiled.py)."""
     if cache_positions.dim() == 1:
         keys.index_copy_(2, cache_positions, k.to(keys.dtype))
         values.index_copy_(2, cache_positions, v.to(values.dtype))
@@ -78,6 +77,7 @@ def write_kv(
         rows = torch.arange(k.shape[0], device=k.device)[:, None]
         keys[rows, :, cache_positions] = k.transpose(1, 2).to(keys.dtype)
         values[rows, :, cache_positions] = v.transpose(1, 2).to(values.dtype)
+    return keys, values
 
 
 class KVTensors(NamedTuple):
@@ -94,5 +94,4 @@ class KVTensors(NamedTuple):
     def update(
         self, cache_positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        write_kv(self.k, self.v, cache_positions, k, v)
-        return self.k, self.v
+        return write_kv(self.k, self.v, cache_positions, k, v)

@@ -39,7 +39,7 @@ from transformers import (
 )
 
 from heads.compiled import COMPILED_MAX_TOKENS, compiled_once, frozen_compile
-from heads.kv_cache import KVCache, write_kv
+from heads.kv_cache import KVCache, KVTensors
 from heads.packed_linear import LINEAR_PATHS, Linear, linear_paths
 
 log = logging.getLogger(__name__)
@@ -380,7 +380,7 @@ class CachedTarget:
         layer_idx: int,
         hidden: torch.Tensor,  # [B, S, H] after input_layernorm
         rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin [B, S, head_dim]
-        cache: tuple[torch.Tensor, torch.Tensor] | None,  # the layer's KVCache k, v
+        cache: KVTensors | None,  # the layer's KVCache k, v
         cache_positions: torch.Tensor | None,  # [S] or [B, S]
         attn_mask: torch.Tensor | None,  # [B or 1, 1, S, L] bool; None: causal over the S new tokens
     ) -> torch.Tensor:
@@ -396,8 +396,7 @@ class CachedTarget:
         query = query * cos + _rotate_half(query) * sin
         key = key * cos + _rotate_half(key) * sin
         if cache is not None:
-            keys, values = cache
-            write_kv(keys, values, cache_positions, key, value)
+            keys, values = cache.update(cache_positions, key, value)
             kv_len = attn_mask.shape[-1]  # attend to cache slots 0 .. L - 1 only
             key, value = keys[:, :, :kv_len], values[:, :, :kv_len]
         # Decoding steps only: a whole row without a cache would materialise [S, S] scores per head.
@@ -425,7 +424,7 @@ class CachedTarget:
         self,
         hidden: torch.Tensor,  # [B, S, H]: the embedded tokens
         rope: tuple[torch.Tensor, torch.Tensor],
-        cache: list[tuple[torch.Tensor, torch.Tensor]] | None,  # per layer: its KVCache k, v
+        cache: list[KVTensors] | None,  # per layer: its KVCache k, v
         cache_positions: torch.Tensor | None,
         attn_mask: torch.Tensor | None,
         keep: Sequence[int] | None = None,
@@ -471,7 +470,7 @@ class CachedTarget:
         decoder = self.model.model
         hidden = decoder.embed_tokens(input_ids)
         rope = decoder.rotary_emb(hidden, positions)
-        kv = None if cache is None else [(layer.k, layer.v) for layer in cache]
+        kv = None if cache is None else [KVTensors(layer.k, layer.v) for layer in cache]
         if self.compiled is not None and cache is not None and input_ids.shape[1] <= COMPILED_MAX_TOKENS:
             # One graph for every call: all layers kept (a few small tensors), picked here.
             every = self.compiled(hidden, rope, kv, cache_positions, attn_mask)
