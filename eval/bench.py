@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         choices=TARGET_LINEARS,
         help="the target's Linear path (eval.target_linears)",
     )
+    parser.add_argument(
+        "--adapt-rate", type=float, default=0.05, help="confidence / expected_gain (eval.adapt_rate)"
+    )
     args = parser.parse_args(argv)
     target = Target.load(TargetConfig(name=args.target, device="auto"))
     base = EvalConfig(
@@ -104,6 +107,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         calibration_report_prompts_per_task=args.calibration_prompts[1],
         cuda_graphs=args.cuda_graphs,
         target_linears=args.target_linears,
+        adapt_rate=args.adapt_rate,
     )
     for setting in args.settings:
         parse_setting(setting)  # a typo fails here, not after the first temperature's run

@@ -28,6 +28,11 @@ class EvalConfig:
     # under <policy> otherwise (eval/drafting/hybrid.py).
     policy: str = "static"
     policy_threshold: float = 0.3
+    # confidence / expected_gain: the step size of the online log-odds correction of the
+    # confidence head's c (eval/policies.py, RunningCorrection), learnt from what verification
+    # reveals, request after request; 0 turns it off. Larger: a head whose confidence is off
+    # on this data (no eval.calibration fit, another temperature) is corrected in fewer rounds.
+    adapt_rate: float = 0.05
     # More chain settings "policy:K" (e.g. static:2, draft_prob:8) decoded on the same turns,
     # interleaved with the main one and the baselines; each gets its own per-task summary
     # (report["compare"]), so one run ranks them on equal terms.

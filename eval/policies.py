@@ -49,8 +49,10 @@ class DraftLengthPolicy:
     def describe(self) -> dict:
         """What a verdict, report or card quotes of this policy."""
         described = {"policy": self.name, "draft_length": self.max_draft_len}
-        threshold = getattr(self, "threshold", None)
-        return described if threshold is None else described | {"policy_threshold": threshold}
+        for name, key in (("threshold", "policy_threshold"), ("adapt_rate", "adapt_rate")):
+            if getattr(self, name, None) is not None:
+                described[key] = getattr(self, name)
+        return described
 
     def start_request(self) -> None:
         pass

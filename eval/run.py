@@ -87,8 +87,8 @@ def make_decoder(
     policies = {
         "static": lambda: StaticDraftLength(cfg.draft_length),
         "draft_prob": lambda: DraftProbabilityThreshold(cfg.draft_length, cfg.policy_threshold),
-        "confidence": lambda: ConfidenceThreshold(cfg.draft_length, cfg.policy_threshold),
-        "expected_gain": lambda: expected_gain_from_costs(cfg.draft_length, costs),
+        "confidence": lambda: ConfidenceThreshold(cfg.draft_length, cfg.policy_threshold, cfg.adapt_rate),
+        "expected_gain": lambda: expected_gain_from_costs(cfg.draft_length, costs, cfg.adapt_rate),
     }
     if cfg.policy == "ngram":  # prompt lookup: no head, no confidence
         head, confidence, drafting = None, None, NgramDrafting(draft_length=cfg.draft_length)

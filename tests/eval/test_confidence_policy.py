@@ -200,6 +200,15 @@ def test_expected_gain_takes_the_eval_runners_measured_costs_per_draft():
     )
 
 
+def test_the_correction_rate_reaches_the_policy_and_what_it_describes():
+    """eval.adapt_rate: the verdict quotes the rate the policy corrected its confidences at."""
+    policy = expected_gain_from_costs(4, {"alpha": 0.8, "beta": 0.4, "verify_tokens": 5}, adapt_rate=0.3)
+    assert policy.correction.rate == 0.3
+    assert policy.describe() == {"policy": "expected_gain", "draft_length": 4, "adapt_rate": 0.3}
+    assert ConfidenceThreshold(4, 0.5, adapt_rate=0.0).describe()["adapt_rate"] == 0.0
+    assert "adapt_rate" not in StaticDraftLength(4).describe()
+
+
 def test_expected_gain_prices_each_round_at_the_measured_context_nearest_its_own():
     cheap = {"alpha": 0.2, "beta": 0.2, "verify_tokens": 3, "verify_costs": [1.0, 1.1, 1.2]}
     dear = {"alpha": 0.2, "beta": 1.6, "verify_tokens": 3, "verify_costs": [1.0, 1.8, 2.6]}
