@@ -117,13 +117,15 @@ class Eagle1Head(nn.Module):
         cache: list[KVCache] | None,
         cache_positions: torch.Tensor | None,
         attn_mask: torch.Tensor,
+        num_logits: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """As `Eagle3Head.step`; returns the predicted features [B, S, h] and draft_logits [B, S, V]."""
+        """As `Eagle3Head.step`; returns the predicted features [B, S, h] and draft_logits [B, S, V]
+        ([B, num_logits, V]: the last positions only)."""
         layer_cache = cache[0] if cache is not None else None
         hidden = self._predict_features(
             features, input_ids, positions, attn_mask, layer_cache, cache_positions
         )
-        return hidden, self.lm_head(hidden)
+        return hidden, self.lm_head(hidden if num_logits is None else hidden[:, -num_logits:])
 
     # Training.
 

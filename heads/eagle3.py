@@ -319,6 +319,7 @@ class Eagle3Head(nn.Module):
         cache: list[KVCache] | None,
         cache_positions: torch.Tensor | None,
         attn_mask: torch.Tensor,
+        num_logits: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One draft forward over S aligned pairs.
 
@@ -326,7 +327,8 @@ class Eagle3Head(nn.Module):
         after each feature's position; positions [B, S] = the feature's position; K/V written at
         cache_positions [S]; attn_mask bool [B or 1, 1, S, max_len] (True = attend; [.., S, S]
         without a cache). Returns the next step's feature [B, S, h] (the pre-norm hidden unless
-        norm_output) and draft_logits [B, S, draft_V].
+        norm_output) and draft_logits [B, S, draft_V], or [B, num_logits, draft_V] for the last
+        num_logits positions only (a catch-up reads its last: the lm_head is most of a step).
         """
         layer_cache = cache[0] if cache is not None else None
         embeds = self.embed_tokens(input_ids)
@@ -334,7 +336,8 @@ class Eagle3Head(nn.Module):
             attn_mask = attn_mask & self._window(positions, attn_mask.shape[-1])
         hidden = self.midlayer(embeds, features, positions, attn_mask, layer_cache, cache_positions)
         normed = self.norm(hidden)
-        return (normed if self.args.variant.norm_output else hidden), self.lm_head(normed)
+        logits = self.lm_head(normed if num_logits is None else normed[:, -num_logits:])
+        return (normed if self.args.variant.norm_output else hidden), logits
 
     def _window(self, positions: torch.Tensor, num_keys: int) -> torch.Tensor:
         """bool [B, 1, S, num_keys]: key slot j is within the window of the query at position t

@@ -26,7 +26,8 @@ class DecodeState:
     committed: int  # prompt + generated tokens; the last one is not in the target cache yet
     last_token: torch.Tensor  # [1] that last token: the root of the next verification
     pending_ids: torch.Tensor  # [1, m] committed tokens the drafter has not consumed
-    pending_features: torch.Tensor  # [1, m, H] target features of the positions before them
+    # [1, m, F] what the strategy keeps of the target's hidden states at the positions before them
+    pending_features: torch.Tensor
 
     def drop_pending(self) -> None:
         """The drafter will not read what is pending (drafting that needs no catch-up)."""

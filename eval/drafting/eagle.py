@@ -3,7 +3,8 @@
 Catch-up: the positions committed last round go through the drafter with the target's own
 features (EAGLE's shift: the feature of position t with the token at t + 1, at RoPE position
 t), overwriting what drafting wrote there; its last output is the first draft distribution.
-After the prefill this is the whole prompt. Drafting then steps on the drafter's own hidden
+After the prefill this is the whole prompt. The target's hidden states wait unprojected
+until then (a round that does not draft pays nothing for them). Drafting then steps on the drafter's own hidden
 state. The drafter's cache needs no rollback: the next catch-up overwrites draft-time entries.
 With the target forward compiled (`linears=compiled`), the drafter's steps are compiled too
 (`compiled_draft_step`): on a CPU an eager draft step costs more, relative to a compiled
@@ -47,8 +48,10 @@ class EagleDrafter(Protocol):
         cache: list[KVCache],
         cache_positions: torch.Tensor,  # [S] slots its K/V are written at
         attn_mask: torch.Tensor,  # [B or 1, 1, S, max_len] bool
+        num_logits: int | None = None,  # draft logits for the last num_logits positions only
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (hidden [B, S, H], the next feature when drafting on; draft_logits [B, S, draft_V])."""
+        """-> (hidden [B, S, H], the next feature when drafting on; draft_logits [B, S or
+        num_logits, draft_V])."""
         ...
 
 
@@ -94,18 +97,28 @@ class EagleRunner:
     def draft_vocab(self) -> int:
         return self.draft_token_ids.numel()
 
-    def _eager_step(self, features, input_ids, positions, cache_positions, mask):
+    def _eager_step(self, features, input_ids, positions, cache_positions, mask, num_logits=None):
         with packed_forwards(self.linears):  # a one-token draft step pays no per-call weight re-layout
-            return self.drafter.step(features, input_ids, positions, self.cache, cache_positions, mask)
+            return self.drafter.step(
+                features, input_ids, positions, self.cache, cache_positions, mask, num_logits
+            )
 
-    def _compiled_step(self, features, input_ids, positions, cache_positions, mask):
+    def _compiled_step(self, features, input_ids, positions, cache_positions, mask, num_logits=None):
         if input_ids.shape[1] > COMPILED_MAX_TOKENS:  # a catch-up over a long prompt
-            return self._eager_step(features, input_ids, positions, cache_positions, mask)
+            return self._eager_step(features, input_ids, positions, cache_positions, mask, num_logits)
         keys, values = [layer.k for layer in self.cache], [layer.v for layer in self.cache]
-        return self._compiled(features, input_ids, positions, keys, values, cache_positions, mask)
+        return self._compiled(features, input_ids, positions, keys, values, cache_positions, mask, num_logits)
 
     def features(self, hidden_states: list[torch.Tensor], final_hidden: torch.Tensor) -> torch.Tensor:
-        with packed_forwards(self.linears):  # every round pays it, drafting or not
+        """The target's hidden states as they are, side by side [1, S, (len(layer_ids) + 1) * H_t]:
+        the drafter projects them at its next catch-up, all pending positions in one call, so a
+        round that does not draft pays no projection."""
+        return torch.cat([*hidden_states, final_hidden], dim=-1)
+
+    def _project(self, kept: torch.Tensor) -> torch.Tensor:
+        """What `features` kept [1, m, (L + 1) * H_t] -> the drafter's features [1, m, H]."""
+        *hidden_states, final_hidden = kept.chunk(len(self.layer_ids) + 1, dim=-1)
+        with packed_forwards(self.linears):
             return self.drafter.project_features(hidden_states, final_hidden)
 
     def catch_up(self, state: DecodeState) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,7 +127,8 @@ class EagleRunner:
         start = state.committed - 1 - length
         slots = self.plain.slots[start : start + length]
         mask = causal_mask(start, length, self.cache_len, self.device)
-        hidden, logits = self.step(state.pending_features, state.pending_ids, slots.unsqueeze(0), slots, mask)
+        features = self._project(state.pending_features)
+        hidden, logits = self.step(features, state.pending_ids, slots.unsqueeze(0), slots, mask, num_logits=1)
         state.drop_pending()
         return hidden[:, -1:], logits[:, -1]
 
@@ -125,7 +139,7 @@ class EagleRunner:
         (and slot) `position` -> (hidden [1, 1, H], logits [1, draft_V])."""
         slot = self.plain.slots[position : position + 1]
         mask = causal_mask(position, 1, self.cache_len, self.device)
-        hidden, logits = self.step(hidden, token.unsqueeze(0), slot.unsqueeze(0), slot, mask)
+        hidden, logits = self.step(hidden, token.unsqueeze(0), slot.unsqueeze(0), slot, mask, num_logits=1)
         return hidden, logits[:, -1]
 
     def to_target_vocab(self, draft_probs: torch.Tensor) -> torch.Tensor:
@@ -143,8 +157,8 @@ def compiled_draft_step(drafter: EagleDrafter, device: torch.device) -> Callable
     """drafter.step through `frozen_compile`, its cache given as tensors (keys, values: one per
     layer), shared by every runner over the drafter."""
 
-    def step_on_tensors(features, input_ids, positions, keys, values, cache_positions, mask):
+    def step_on_tensors(features, input_ids, positions, keys, values, cache_positions, mask, num_logits):
         cache = [KVTensors(k, v) for k, v in zip(keys, values)]
-        return drafter.step(features, input_ids, positions, cache, cache_positions, mask)
+        return drafter.step(features, input_ids, positions, cache, cache_positions, mask, num_logits)
 
     return compiled_once(drafter, "_compiled_draft_step", lambda: frozen_compile(step_on_tensors, device))

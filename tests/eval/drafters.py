@@ -44,7 +44,7 @@ class LMDrafter:
     def new_cache(self, batch_size: int, max_len: int, device, dtype) -> list[KVCache]:
         return self.lm.new_cache(batch_size, max_len)
 
-    def step(self, features, input_ids, positions, cache, cache_positions, attn_mask):
+    def step(self, features, input_ids, positions, cache, cache_positions, attn_mask, num_logits=None):
         assert attn_mask.shape[-1] == cache[0].max_len, "the protocol passes masks over the whole cache"
         self.calls.append(
             {"features": features.clone(), "input_ids": input_ids.clone(), "positions": positions.clone()}
@@ -52,7 +52,8 @@ class LMDrafter:
         # The LM reads token t + 1 at its own position t + 1 (RoPE is relative: same thing).
         out = self.lm.forward(input_ids, positions + 1, cache, cache_positions, attn_mask)
         hidden = torch.full_like(out.final_hidden, DRAFTER_FEATURE)
-        return hidden, out.logits[..., self.draft_token_ids]
+        logits = out.logits if num_logits is None else out.logits[:, -num_logits:]
+        return hidden, logits[..., self.draft_token_ids]
 
 
 def perturbed_copy(model: nn.Module, noise: float, seed: int = 1) -> nn.Module:

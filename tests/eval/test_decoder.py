@@ -100,7 +100,8 @@ def test_greedy_output_with_the_compiled_target_forward_is_the_targets_own(
 @torch.no_grad()
 def test_a_compiled_eagle3_step_computes_the_eager_step_and_is_shared():
     """What linears=compiled runs for an EAGLE-3 head: its step through torch.compile, the cache
-    given as tensors; a catch-up of a few tokens, then one-token and two-token steps."""
+    given as tensors; a catch-up of a few tokens (logits for its last only), then one-token and
+    two-token steps."""
     target = tiny_llama(num_layers=3)
     head = Eagle3Head.from_target(
         target.config,
@@ -111,14 +112,15 @@ def test_a_compiled_eagle3_step_computes_the_eager_step_and_is_shared():
     step = compiled_draft_step(head, torch.device("cpu"))
     assert compiled_draft_step(head, torch.device("cpu")) is step  # one compilation per head
     eager_cache, compiled_cache = (head.new_cache(1, 16, "cpu", torch.float32) for _ in range(2))
-    for start, length in [(0, 5), (5, 1), (6, 2)]:
+    for start, length, num_logits in [(0, 5, 1), (5, 1, 1), (6, 2, None)]:
         features = torch.randn(1, length, 32)
         input_ids = torch.randint(0, 128, (1, length))
         slots = torch.arange(start, start + length)
         mask = causal_mask(start, length, 16, "cpu")
-        expected = head.step(features, input_ids, slots.unsqueeze(0), eager_cache, slots, mask)
+        expected = head.step(features, input_ids, slots.unsqueeze(0), eager_cache, slots, mask, num_logits)
         keys, values = [layer.k for layer in compiled_cache], [layer.v for layer in compiled_cache]
-        got = step(features, input_ids, slots.unsqueeze(0), keys, values, slots, mask)
+        got = step(features, input_ids, slots.unsqueeze(0), keys, values, slots, mask, num_logits)
+        assert got[1].shape[1] == (num_logits or length)
         for got_tensor, expected_tensor in zip(got, expected):
             torch.testing.assert_close(got_tensor, expected_tensor, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(compiled_cache[0].k, eager_cache[0].k, rtol=1e-4, atol=1e-4)

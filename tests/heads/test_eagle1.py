@@ -59,6 +59,16 @@ def test_training_forward_equals_decode_steps_and_logits_use_the_target_lm_head(
         )
     torch.testing.assert_close(hidden, predicted[:, :seq], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(logits, model.lm_head(hidden))
+    # A catch-up reads its last position's logits only; the features it predicts are the same.
+    with torch.no_grad():
+        cache_again = head.new_cache(2, max_len, "cpu", torch.float32)
+        hidden_again, last_logits = head.step(
+            projected[:, :seq], input_ids[:, 1:], torch.arange(seq).expand(2, seq), cache_again,
+            torch.arange(seq), mask, num_logits=1,
+        )  # fmt: skip
+    assert last_logits.shape == (2, 1, 128)
+    torch.testing.assert_close(last_logits, logits[:, -1:])
+    torch.testing.assert_close(hidden_again, hidden)
 
 
 def test_save_load_round_trip_keeps_target_weights_out(tmp_path):

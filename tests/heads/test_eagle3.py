@@ -87,6 +87,16 @@ def test_forward_and_step_shapes():
     )  # fmt: skip
     assert hidden.shape == (2, 5, 64) and logits.shape == (2, 5, DRAFT_VOCAB)
     assert head.target_layer_ids == LAYER_IDS
+    # A catch-up reads its last position's logits only; what the step writes and returns is the same.
+    cache_again = head.new_cache(2, 32, "cpu", torch.float32)
+    hidden_again, last_logits = head.step(
+        projected[:, :5], input_ids[:, 1:6], torch.arange(5).expand(2, 5), cache_again, torch.arange(5),
+        (torch.arange(32)[None, :] <= torch.arange(5)[:, None])[None, None], num_logits=1,
+    )  # fmt: skip
+    assert last_logits.shape == (2, 1, DRAFT_VOCAB)
+    torch.testing.assert_close(last_logits, logits[:, -1:])
+    torch.testing.assert_close(hidden_again, hidden)
+    torch.testing.assert_close(cache_again[0].k, cache[0].k)
 
 
 def test_ttt_step0_equals_cached_steps_token_by_token():
