@@ -350,3 +350,9 @@ def shift_left(input_ids: torch.Tensor, shift: int) -> torch.Tensor:
     """[B, T] -> [B, T] with row t holding token t + shift (token 0 past the end)."""
     pad = input_ids.new_zeros(input_ids.shape[0], min(shift, input_ids.shape[1]))
     return torch.cat([input_ids[:, shift:], pad], dim=1)
+
+
+def last_positions(hidden: torch.Tensor, count: int | None) -> torch.Tensor:
+    """[B, S, ...] -> its last `count` positions [B, count, ...] (all for None, none for 0): the
+    rows a decode-time forward computes logits for (the target's and the EAGLE heads' steps)."""
+    return hidden if count is None else hidden[:, hidden.shape[1] - count :]

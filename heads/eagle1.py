@@ -17,7 +17,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from heads.blocks import DecoderLayer, LayerGeometry, causal_mask, shift_left, unrolled_attention
+from heads.blocks import (
+    DecoderLayer,
+    LayerGeometry,
+    causal_mask,
+    last_positions,
+    shift_left,
+    unrolled_attention,
+)
 from heads.kv_cache import KVCache
 from heads.registry import check_target_weight, load_trained_state, read_head, trained_state, write_head
 
@@ -125,7 +132,7 @@ class Eagle1Head(nn.Module):
         hidden = self._predict_features(
             features, input_ids, positions, attn_mask, layer_cache, cache_positions
         )
-        return hidden, self.lm_head(hidden if num_logits is None else hidden[:, -num_logits:])
+        return hidden, self.lm_head(last_positions(hidden, num_logits))
 
     # Training.
 

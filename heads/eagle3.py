@@ -27,6 +27,7 @@ from heads.blocks import (
     RMSNorm,
     SwiGLU,
     causal_mask,
+    last_positions,
     shift_left,
     unrolled_attention,
 )
@@ -336,7 +337,7 @@ class Eagle3Head(nn.Module):
             attn_mask = attn_mask & self._window(positions, attn_mask.shape[-1])
         hidden = self.midlayer(embeds, features, positions, attn_mask, layer_cache, cache_positions)
         normed = self.norm(hidden)
-        logits = self.lm_head(normed if num_logits is None else normed[:, -num_logits:])
+        logits = self.lm_head(last_positions(normed, num_logits))
         return (normed if self.args.variant.norm_output else hidden), logits
 
     def _window(self, positions: torch.Tensor, num_keys: int) -> torch.Tensor:

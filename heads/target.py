@@ -38,6 +38,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from heads.blocks import last_positions
 from heads.compiled import COMPILED_MAX_TOKENS, compiled_once, frozen_compile
 from heads.kv_cache import KVCache, KVTensors
 from heads.packed_linear import LINEAR_PATHS, Linear, linear_paths
@@ -478,9 +479,7 @@ class CachedTarget:
         else:
             *kept, last = self.decoder_layers(hidden, rope, kv, cache_positions, attn_mask, layer_ids)
         final_hidden = decoder.norm(last)
-        projected = (
-            final_hidden if num_logits is None else final_hidden[:, final_hidden.shape[1] - num_logits :]
-        )
+        projected = last_positions(final_hidden, num_logits)
         return TargetStep(
             logits=self.linear[self.model.lm_head](projected) if num_logits != 0 else None,
             hidden_states=kept,

@@ -4,9 +4,9 @@ Catch-up: the positions committed last round go through the drafter with the tar
 features (EAGLE's shift: the feature of position t with the token at t + 1, at RoPE position
 t), overwriting what drafting wrote there; its last output is the first draft distribution.
 After the prefill this is the whole prompt. The target's hidden states wait unprojected
-until then (a round that does not draft pays nothing for them). Drafting then steps on the drafter's own hidden
-state. The drafter's cache needs no rollback: the next catch-up overwrites draft-time entries.
-With the target forward compiled (`linears=compiled`), the drafter's steps are compiled too
+until then (a round that does not draft pays nothing for them). Drafting then steps on the
+drafter's own hidden state. The drafter's cache needs no rollback: the next catch-up
+overwrites draft-time entries. With the target forward compiled (`linears=compiled`), the drafter's steps are compiled too
 (`compiled_draft_step`): on a CPU an eager draft step costs more, relative to a compiled
 target step, than speculation can pay for.
 """
