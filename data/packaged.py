@@ -43,6 +43,9 @@ REPO_ASSETS = {
     "smollm2_replies_third": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_third.jsonl.gz",
     # And the next 468 (1418-1885, fp32 target): 432 kept, 267k generated tokens.
     "smollm2_replies_fourth": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_fourth.jsonl.gz",
+    # The bf16 target's replies to the first ShareGPT conversations again (931 kept of 0-1539),
+    # regenerated on an H200 (docs/study/gpu_recipe.sh): what the shipped head trained on.
+    "smollm2_replies_h200": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_h200.jsonl.gz",
 }
 
 

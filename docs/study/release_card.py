@@ -1,6 +1,8 @@
-"""README.md for the shipped head, from its eval report and the fine-tuning run's manifests.
+"""README.md for the shipped head, from its eval report and the training run's validation metrics.
 
-python docs/study/release_card.py outputs/ft_more outputs/eval_ft_more/report.json <out README> [<eval commit>]
+python docs/study/release_card.py <training pack dir> <eval report.json> <out README> [<eval commit>]
+
+The pack is what docs/study/gpu_recipe.sh brings back from the device (val_metrics.jsonl, logs).
 """
 
 import json
@@ -8,14 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-run, report_path, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+pack, report_path, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 r = json.loads(report_path.read_text())
-val = [json.loads(line) for line in (run / "val_metrics.jsonl").read_text().splitlines()]
-start, end = val[0], val[-1]  # step 0: the head stage 2 started from
-assets = {
-    name: json.loads(Path(f"data/assets/{name}.json").read_text())["shipped"]["sha256_uncompressed"]
-    for name in ("smollm2_sharegpt_replies", "smollm2_sharegpt_replies_more")
-}
+end = [json.loads(line) for line in (pack / "val_metrics.jsonl").read_text().splitlines()][-1]
+replies = json.loads(Path("data/assets/smollm2_sharegpt_replies_h200.json").read_text())["shipped"]
 head_commit = subprocess.run(
     ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
 ).stdout.strip()
@@ -29,47 +27,50 @@ o = r["overall"]
 settings = r["settings"]
 text = f"""# SmolLM2-135M-Instruct EAGLE-3 head (shipped)
 
-An EAGLE-3 drafter for the embedded target (`smollm2-135m-instruct`), trained on this repository's
-2-core CPU in two stages, 16k draft vocabulary, TTT 4, offline hidden states, bf16 autocast, a
-jointly trained confidence head; weights stored in bf16.
+An EAGLE-3 drafter for the embedded target (`smollm2-135m-instruct`), trained on one NVIDIA H200
+in 117 s: 314 steps of 32 rows (<= 1024 tokens, grouped by length), TTT 7, 16k draft vocabulary,
+hidden states of the bf16 target computed online, bf16 autocast, AdamW lr 1e-3 (warm-up 16,
+cosine to 0), a jointly trained confidence head; weights stored in bf16. BENCHMARKS.md
+"Session 19" has the run's figures.
 
-1. 280 steps of 4 rows (<= 1024 tokens): 2 epochs of the target's own greedy replies to ShareGPT
-   conversations 0-637 (`data/assets/smollm2_sharegpt_replies.jsonl.gz`, sha256 of the uncompressed
-   file `{assets["smollm2_sharegpt_replies"]}`), lr 1e-3 cosine (commit bc508d6, BENCHMARKS.md
-   "Recipe study"):
+Data: the bf16 target's own greedy replies (regenerated on the same H200 in ~150 s) to the user
+turns of the first ShareGPT conversations; the run trained on the first 640 of the 931 kept
+(`data/assets/smollm2_sharegpt_replies_h200.jsonl.gz` holds all 931, sha256 of the uncompressed
+file `{replies["sha256_uncompressed"]}`).
 
-       python train/run.py run_dir=outputs/study/lc stages=[prepare,train] data.sources=[smollm2_replies] \\
-           data.max_conversations=null data.max_length=1024 data.val_fraction=0.05 train=recipe \\
-           train.hidden_states=offline train.precision=bf16 train.ttt_steps=4 train.batch_size=4 \\
-           train.max_steps=280 train.lr=1e-3 train.warmup_steps=20 train.snapshot_every=50
+    BUDGET_S=500 bash docs/study/gpu_recipe.sh   # on the device, from commit {replies["commit_made_at"]}
 
-2. 100 more steps, one pass over the replies to conversations 638-1095, which stage 1 never saw
-   (`data/assets/smollm2_sharegpt_replies_more.jsonl.gz`, sha256
-   `{assets["smollm2_sharegpt_replies_more"]}`), lr 5e-4 (warm-up 10, cosine to 0), from the stage-1
-   head (commit 164c6d8's trainer, BENCHMARKS.md "Session 12"):
+which ran, for the training stage (`train=cpu_recipe` sets data.max_conversations=640):
 
-       python train/run.py run_dir=outputs/ft_more stages=[prepare,train] data=smollm2_replies_all \\
-           data.sources=[smollm2_replies_more] train=cpu_recipe data.regenerate.enabled=false \\
-           head.init=release train.max_steps=100 train.lr=5e-4 train.warmup_steps=10 \\
-           train.precision=bf16 train.snapshot_every=25 train.val_every=25 train.checkpoint_every=25
+    python train/run.py stages=[prepare,train] target.device=cuda target.dtype=bfloat16 data=jsonl \\
+        data.max_length=1024 data.sources=[<the replies>] data.val_fraction=0.02 train=cpu_recipe \\
+        head.init=random train.hidden_states=online train.precision=bf16 train.ttt_steps=7 \\
+        train.batch_size=32 train.lr=1e-3 train.max_steps=314 train.warmup_steps=16
 
-Teacher-forced acceptance on stage 2's 21 held-out conversations (trained on by neither
-stage), drafts 1 / 2 / 3 / 4: stage 1 {" / ".join(f"{start[f'val/acc_{k}']:.1%}" for k in range(4))},
-after stage 2 {" / ".join(f"{end[f'val/acc_{k}']:.1%}" for k in range(4))}.
+Teacher-forced acceptance on the run's 13 held-out conversations, drafts 1-7:
+{" / ".join(f"{end[f'val/acc_{k}']:.1%}" for k in range(7))}.
 
 Eval (`python eval/run.py head_dir=heads/release/smollm2-135m-eagle3 ...`, docs/study/common.sh's
 `evalhead`: T=0, chain K=4, static, {settings["prompts_per_task"]} prompts per task, {settings["max_new_tokens"]} new tokens
-per turn, fp32 target; heldout_chat = first turns of ShareGPT conversations no run trained on;
-commit {commit}):
+per turn, fp32 target on the 2-core CPU; heldout_chat = first turns of ShareGPT conversations
+16,000-16,199, which no run trained on; commit {commit}):
 
 | task | AL | acceptance of draft 1 | of draft 2 |
 |---|---|---|---|
 {chr(10).join(rows)}
 | overall | {o["acceptance_length"]:.3f} | {o["acceptance_by_position"][0]:.1%} | {o["acceptance_by_position"][1]:.1%} |
 
+It replaced the CPU-trained head of commit 0ac0e92 (two stages on the 2-core CPU, TTT 4, ~1.4M
+training tokens in all), whose same eval gave AL 1.356 / 1.301 / 1.334 / 1.324 (gsm8k /
+heldout_chat / humaneval / mt_bench), 1.327 overall, and draft-1 acceptance 24.9%.
+
 Greedy output identical to plain decoding: {r.get("greedy_mismatches")} mismatches. Speed against plain
-decoding on this CPU: BENCHMARKS.md (below break-even at T=0 with a static chain; expected_gain
-and hybrid drafting decide per round whether drafts pay).
+decoding on the 2-core CPU: BENCHMARKS.md "Session 19".
+
+The device's transformers (5.17) converts the GGUF's tokenizer with eos_token `<|im_start|>`
+where 5.24 says `<|im_end|>`, so the run recorded another tokenizer_hash; vocabulary, added
+tokens and chat template are identical (checked), so the token ids are too, and `target.json`
+names the embedded target and this repository's hash.
 
 Use: `python eval/run.py head_dir=heads/release/smollm2-135m-eagle3 out=outputs/eval`, or start a job from
 it with `head.init=release` (the default job does); export it with `python -m heads.export`.
