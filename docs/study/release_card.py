@@ -38,13 +38,13 @@ turns of the first ShareGPT conversations; the run trained on the first 640 of t
 (`data/assets/smollm2_sharegpt_replies_h200.jsonl.gz` holds all 931, sha256 of the uncompressed
 file `{replies["sha256_uncompressed"]}`).
 
-    BUDGET_S=500 bash docs/study/gpu_recipe.sh   # on the device, from commit {replies["commit_made_at"]}
+    MAX_CONV=640 BUDGET_S=500 bash docs/study/gpu_recipe.sh   # on the device: commit {replies["commit_made_at"]} + the script
 
-which ran, for the training stage (`train=cpu_recipe` sets data.max_conversations=640):
+which ran, for the training stage:
 
     python train/run.py stages=[prepare,train] target.device=cuda target.dtype=bfloat16 data=jsonl \\
         data.max_length=1024 data.sources=[<the replies>] data.val_fraction=0.02 train=cpu_recipe \\
-        head.init=random train.hidden_states=online train.precision=bf16 train.ttt_steps=7 \\
+        data.max_conversations=640 head.init=random train.hidden_states=online train.precision=bf16 train.ttt_steps=7 \\
         train.batch_size=32 train.lr=1e-3 train.max_steps=314 train.warmup_steps=16
 
 Teacher-forced acceptance on the run's 13 held-out conversations, drafts 1-7:
