@@ -51,6 +51,7 @@ def _job(tmp_path: Path, *overrides: str):
                 "train.group_by_length=false",  # the rows of each step as pinned (data order, not maths)
                 f"train.max_steps={len(PINNED)}",
                 "train.warmup_steps=1",
+                "train.lr=1e-3",  # as pinned, whatever the main job's default
                 "train.precision=fp32",
                 "wandb.mode=disabled",
                 f"run_dir={tmp_path}",
