@@ -238,7 +238,7 @@ def _manifest(path: Path) -> dict:
         return {}
 
 
-def _read_parts(out_dir: Path) -> dict[int, dict]:
+def read_parts(out_dir: Path) -> dict[int, dict]:
     """Rows written by earlier runs (any rank, any world size); a line cut by a kill is dropped."""
     rows: dict[int, dict] = {}
     for part in sorted(out_dir.glob("part-*.jsonl")):
@@ -259,7 +259,7 @@ def _read_parts(out_dir: Path) -> dict[int, dict]:
 def _generate_part(
     out_dir: Path, rank: int, indices: list[int], selected, target, cfg, max_length: int
 ) -> None:
-    written = _read_parts(out_dir)
+    written = read_parts(out_dir)
     todo = [i for i in indices if not _is_row_of(written.get(i), selected[i])]
     start, tokens = time.perf_counter(), 0
     progress = tqdm(total=len(todo), unit="conv", desc=f"regenerating (rank {rank})", dynamic_ncols=True)
@@ -288,7 +288,7 @@ def _is_row_of(row: dict | None, conversation: Conversation) -> bool:
 def _merge(out_dir: Path, identity: dict, selected: list[Conversation], tally: Tally) -> None:
     """The selected conversations' rows in source order as one JSONL, then the manifest
     (atomically), the marker of completion."""
-    written = _read_parts(out_dir)
+    written = read_parts(out_dir)
     rows = {i: written[i] for i in range(len(selected)) if _is_row_of(written.get(i), selected[i])}
     missing = [i for i in range(len(selected)) if i not in rows]
     if missing:

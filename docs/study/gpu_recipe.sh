@@ -48,14 +48,8 @@ REPLIES=$WORK/replies.jsonl
 $PY - "$WORK/data/regenerated" "$REPLIES" <<'EOF'
 import json, sys
 from pathlib import Path
-rows = {}
-for part in Path(sys.argv[1]).glob("*/part-*.jsonl"):
-    for line in part.open():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            break  # a line cut by the kill
-        rows[row["index"]] = row
+from data.regenerate import read_parts  # what the killed run finished (a line cut by the kill dropped)
+rows = {i: row for out_dir in Path(sys.argv[1]).iterdir() for i, row in read_parts(out_dir).items()}
 kept = [rows[i] for i in sorted(rows) if rows[i]["messages"]]
 with open(sys.argv[2], "w") as f:
     for row in kept:

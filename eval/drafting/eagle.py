@@ -6,9 +6,9 @@ t), overwriting what drafting wrote there; its last output is the first draft di
 After the prefill this is the whole prompt. The target's hidden states wait unprojected
 until then (a round that does not draft pays nothing for them). Drafting then steps on the
 drafter's own hidden state. The drafter's cache needs no rollback: the next catch-up
-overwrites draft-time entries. With the target forward compiled (`linears=compiled`), the drafter's steps are compiled too
-(`compiled_draft_step`): on a CPU an eager draft step costs more, relative to a compiled
-target step, than speculation can pay for.
+overwrites draft-time entries. With the target forward compiled (`linears=compiled`), the
+drafter's steps are compiled too (`compiled_draft_step`): on a CPU an eager draft step costs
+more, relative to a compiled target step, than speculation can pay for.
 """
 
 from collections.abc import Callable
