@@ -6,12 +6,15 @@ the whole conversation. Here each row of one static KV cache holds one conversat
 decode step advances every row by one token, each at its own cache slot; a row whose
 reply has ended takes its conversation's next turn at once, encoding only the tokens
 after those its cache already holds (the earlier turns and the reply), or else the next
-conversation. Busy rows are kept at the front of the batch (a row left without work
-swaps places with the last busy one), so once the queue runs dry a step computes the busy
-rows only. Attention reads the cache up to a multiple of `kv_bucket`, and there is one
-host read per step (the new tokens).
+conversation. The rows that start a turn in the same step are encoded together, left-
+padded to the longest (rows of similar lengths share a forward, so padding stays under
+half the work): on a GPU a forward costs about the same for one row as for many. Busy
+rows are kept at the front of the batch (a row left without work swaps places with the
+last busy one), so once the queue runs dry a step computes the busy rows only. Attention
+reads the cache up to a multiple of `kv_bucket`, and there is one host read per forward.
 """
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -64,20 +67,24 @@ class BatchedGenerator:
         top_p: float = 1.0,
         seed: int = 0,
         kv_bucket: int = 64,
+        prefill_tokens: int = 8192,
     ):
-        """max_len: the longest prompt + reply a row holds. stop_tokens: end a reply (excluded)."""
+        """max_len: the longest prompt + reply a row holds. stop_tokens: end a reply (excluded).
+        prefill_tokens: the most tokens (padding included) one forward encodes for starting rows."""
         self.target = target
         self.max_len = max_len
         self.stop_tokens = frozenset(stop_tokens)
         self.temperature, self.top_p = temperature, top_p
-        self.kv_bucket = kv_bucket
+        self.kv_bucket, self.prefill_tokens = kv_bucket, prefill_tokens
         self.device = target.device
         self.cache = target.new_cache(batch_size, max_len)
-        self.row_caches = [[layer.rows(b, b + 1) for layer in self.cache] for b in range(batch_size)]
         self.rows = [_Row() for _ in range(batch_size)]
         self.busy = 0  # rows 0 .. busy - 1 hold a request, the others are idle
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.generated_tokens = 0  # every token generated, stop tokens included
+        # Where the time goes (each forward ends in a host read, so wall time is device time).
+        self.steps, self.step_s = 0, 0.0  # decode steps
+        self.prefills, self.prefill_s = 0, 0.0  # forwards that start rows
 
     def _kv_len(self, needed: int) -> int:
         return min(self.max_len, -(-needed // self.kv_bucket) * self.kv_bucket)
@@ -88,28 +95,61 @@ class BatchedGenerator:
         probs = processed_probs(logits, self.temperature, 0, self.top_p)
         return sample(probs, self.generator)
 
-    def _start(self, b: int, request: Request) -> None:
-        """Encode the part of the prompt not already in row b's cache; the first token comes out."""
-        prompt = request.prompt
-        if not prompt or request.max_new_tokens < 1:
+    def _check(self, request: Request) -> None:
+        if not request.prompt or request.max_new_tokens < 1:
             raise ValueError(f"request {request.tag!r}: empty prompt or max_new_tokens < 1")
-        if len(prompt) + request.max_new_tokens - 1 > self.max_len:
+        if len(request.prompt) + request.max_new_tokens - 1 > self.max_len:
             raise ValueError(
-                f"request {request.tag!r}: prompt of {len(prompt)} tokens + max_new_tokens="
+                f"request {request.tag!r}: prompt of {len(request.prompt)} tokens + max_new_tokens="
                 f"{request.max_new_tokens} exceeds the generator's max_len={self.max_len}"
             )
-        row = self.rows[b]
-        start = min(_common_prefix(row.cached, prompt), len(prompt) - 1)  # the last one gives the logits
-        slots = torch.arange(start, len(prompt), device=self.device)
-        kv_len = self._kv_len(len(prompt))
-        mask = torch.arange(kv_len, device=self.device)[None, :] <= slots[:, None]  # [S, L] causal
-        tokens = torch.tensor([prompt[start:]], device=self.device)
+
+    def _start(self, starts: list[tuple[int, Request]]) -> None:
+        """Start each (row, request): starts with about as many new tokens share one forward."""
+        new = [
+            (b, r, min(_common_prefix(self.rows[b].cached, r.prompt), len(r.prompt) - 1)) for b, r in starts
+        ]
+        new.sort(key=lambda item: len(item[1].prompt) - item[2])
+        group, real = [], 0
+        for item in new:
+            width = len(item[1].prompt) - item[2]  # the longest so far: the group's width
+            if group and (
+                (len(group) + 1) * width > self.prefill_tokens
+                or 2 * (len(group) + 1) * width > 3 * (real + width)
+            ):
+                self._prefill(group)
+                group, real = [], 0
+            group.append(item)
+            real += width
+        self._prefill(group)
+
+    def _prefill(self, group: list[tuple[int, Request, int]]) -> None:
+        """One forward over the rows of `group` (row, request, first slot to encode), each
+        left-padded to the longest; the rows' caches are copied out and back, since the rows
+        are anywhere in the batch. Padding writes go to a spare slot past those read."""
+        begin = time.perf_counter()
+        width = max(len(request.prompt) - start for _, request, start in group)
+        kv_len = self._kv_len(max(len(request.prompt) for _, request, _ in group))
+        ids = torch.zeros(len(group), width, dtype=torch.long)
+        slots = torch.full((len(group), width), kv_len)  # the spare slot
+        for i, (_, request, start) in enumerate(group):
+            ids[i, width - len(request.prompt) + start :] = torch.tensor(request.prompt[start:])
+            slots[i, width - len(request.prompt) + start :] = torch.arange(start, len(request.prompt))
+        ids, slots = ids.to(self.device), slots.to(self.device)
+        rows = torch.tensor([b for b, _, _ in group], device=self.device)
+        cache = [layer.take_rows(rows, kv_len) for layer in self.cache]
+        mask = torch.arange(kv_len, device=self.device) <= slots[:, :, None]  # [n, S, L]; padding sees all
         logits = self.target.forward(
-            tokens, slots.unsqueeze(0), self.row_caches[b], slots, mask[None, None], num_logits=1
+            ids, torch.where(slots == kv_len, 0, slots), cache, slots, mask[:, None], num_logits=1
         ).logits[:, -1]
-        row.cached, row.request = list(prompt), request
-        row.generated = [int(self._choose(logits)[0])]
-        self.generated_tokens += 1
+        for layer, part in zip(self.cache, cache):
+            layer.put_rows(rows, part)
+        first = self._choose(logits).tolist()  # the forward's one host read
+        for (b, request, _), token in zip(group, first):
+            row = self.rows[b]
+            row.cached, row.request, row.generated = list(request.prompt), request, [token]
+        self.generated_tokens += len(group)
+        self.prefills, self.prefill_s = self.prefills + 1, self.prefill_s + time.perf_counter() - begin
 
     def _finished(self, row: _Row) -> bool:
         return row.generated[-1] in self.stop_tokens or len(row.generated) >= row.request.max_new_tokens
@@ -124,22 +164,11 @@ class BatchedGenerator:
         completion and may return the next request of the same conversation, which takes the
         same row (its cache already holds the shared prefix)."""
         requests = iter(requests)
-
-        def fill(b: int, request: Request | None) -> bool:
-            """Start `request` (else the next queued one) in row b, handing on replies that end at
-            once; False when there is no work left for the row."""
-            while True:
-                request = request or next(requests, None)
-                if request is None:
-                    return False
-                self._start(b, request)
-                if not self._finished(self.rows[b]):
-                    return True
-                request = follow_up(self._complete(self.rows[b]))
-
-        while self.busy < len(self.rows) and fill(self.busy, None):
-            self.busy += 1
+        self.rows = [_Row() for _ in self.rows]
+        self.busy = len(self.rows)  # every row waits for a request; those left without one retire
+        self._fill([(b, None) for b in range(self.busy)], requests, follow_up)
         while self.busy:
+            begin = time.perf_counter()
             rows = self.rows[: self.busy]
             slots = torch.tensor([len(row.cached) for row in rows], device=self.device).unsqueeze(1)  # [n, 1]
             kv_len = self._kv_len(int(slots.max()) + 1)
@@ -153,15 +182,41 @@ class BatchedGenerator:
                 num_logits=1,
             ).logits[:, -1]
             chosen = self._choose(logits).tolist()  # the step's one host read
-            done = []
             for b, row in enumerate(rows):
                 row.cached.append(row.generated[-1])
                 row.generated.append(chosen[b])
-                self.generated_tokens += 1
-                if self._finished(row) and not fill(b, follow_up(self._complete(row))):
-                    done.append(b)
-            for b in reversed(done):  # highest first: the rows moved in are busy ones
-                self._retire(b)
+            self.generated_tokens += len(rows)
+            self.steps, self.step_s = self.steps + 1, self.step_s + time.perf_counter() - begin
+            ended = [(b, follow_up(self._complete(row))) for b, row in enumerate(rows) if self._finished(row)]
+            self._fill(ended, requests, follow_up)
+
+    def _fill(
+        self,
+        waiting: list[tuple[int, Request | None]],
+        requests: Iterator[Request],
+        follow_up: Callable[[Completion], Request | None],
+    ) -> None:
+        """Start each waiting row on its follow-up request, else on the next queued one, handing
+        on replies that end at once; rows left without work retire."""
+        idle = []
+        while waiting:
+            starts = []
+            for b, request in waiting:
+                request = request or next(requests, None)
+                if request is None:
+                    idle.append(b)
+                else:
+                    self._check(request)
+                    starts.append((b, request))
+            if starts:
+                self._start(starts)
+            waiting = [
+                (b, follow_up(self._complete(self.rows[b])))
+                for b, _ in starts
+                if self._finished(self.rows[b])
+            ]
+        for b in sorted(idle, reverse=True):  # highest first: the rows moved in are busy ones
+            self._retire(b)
 
     def _retire(self, b: int) -> None:
         """Row b has no work left: the last busy row moves into its place."""

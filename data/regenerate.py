@@ -137,9 +137,10 @@ def regenerate_conversations(
     seed: int,
     on_finished: Callable[[int, Regenerated], None],
     on_tokens: Callable[[int], None] = lambda n: None,
-) -> None:
+) -> BatchedGenerator:
     """Replace every assistant turn of (index, conversation) pairs, `cfg.batch_size` rows at a
-    time (data/generation.py); `on_finished(index, result)` as each conversation completes."""
+    time (data/generation.py); `on_finished(index, result)` as each conversation completes.
+    Returns the generator, whose counters say where the time went."""
     generator = BatchedGenerator(
         target.cached, cfg.batch_size, max_length, stop_tokens(target), cfg.temperature, cfg.top_p, seed
     )
@@ -162,6 +163,7 @@ def regenerate_conversations(
         return request
 
     generator.run(requests(), follow_up)
+    return generator
 
 
 def regenerate_data(
@@ -276,9 +278,15 @@ def _generate_part(
             tokens += n
             progress.set_postfix(tokens_per_s=f"{tokens / (time.perf_counter() - start):,.0f}", refresh=False)
 
-        regenerate_conversations(
+        generator = regenerate_conversations(
             target, [(i, selected[i]) for i in todo], cfg, max_length, cfg.seed + rank, write, count
         )
+    print(
+        f"regeneration (rank {rank}): {generator.generated_tokens:,} tokens in "
+        f"{time.perf_counter() - start:.0f} s; {generator.steps:,} decode steps "
+        f"({generator.step_s:.0f} s), {generator.prefills:,} forwards starting turns ({generator.prefill_s:.0f} s)",
+        flush=True,
+    )
 
 
 def _is_row_of(row: dict | None, conversation: Conversation) -> bool:

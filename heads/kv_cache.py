@@ -52,6 +52,20 @@ class KVCache(nn.Module):
         self.k[dst, :, :length] = self.k[src, :, :length]
         self.v[dst, :, :length] = self.v[src, :, :length]
 
+    def take_rows(self, rows: torch.Tensor, length: int) -> "KVCache":
+        """A copy of the given rows' slots 0 .. length - 1 and one spare slot after them: a
+        forward over rows that are scattered through the batch (`put_rows` writes it back)."""
+        part = KVCache(len(rows), self.k.shape[1], length + 1, self.k.shape[3], self.k.dtype, self.k.device)
+        part.k[:, :, :length] = self.k[rows, :, :length]
+        part.v[:, :, :length] = self.v[rows, :, :length]
+        return part
+
+    def put_rows(self, rows: torch.Tensor, part: "KVCache") -> None:
+        """The inverse of `take_rows`: the rows' slots come back from `part` (its spare slot not)."""
+        length = part.max_len - 1
+        self.k[rows, :, :length] = part.k[:, :, :length]
+        self.v[rows, :, :length] = part.v[:, :, :length]
+
     def compact(self, src_positions: torch.Tensor, dst_start: int) -> None:
         """Move entries at src_positions [n] (ascending) to dst_start .. dst_start + n - 1."""
         n = src_positions.numel()

@@ -25,7 +25,7 @@ from kernels.bench_timing import Row, time_per_call
 from kernels.bench_tree import DRY_RUN_TREE_SIZES, GPU_TREE_SIZES, SAMPLINGS, metadata_rows, verify_rows
 from kernels.registry import kernel
 
-DEADLINE_S = 240  # stop starting new cases after this, so a run stays under 5 minutes
+DEADLINE_S = 240  # by default, stop starting new cases after this, so a run stays under 5 minutes
 
 
 @dataclass(frozen=True)
@@ -213,6 +213,9 @@ def main(argv: list[str] | None = None) -> str:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dry-run", action="store_true", help="tiny CPU tensors, torch references only")
+    parser.add_argument(
+        "--deadline-s", type=float, default=DEADLINE_S, help="start no case after this many seconds"
+    )
     options = parser.parse_args(argv)
     if options.dry_run:
         device, dtype, sizes, impls = torch.device("cpu"), torch.float32, DRY_RUN_SIZES, ["reference"]
@@ -247,8 +250,10 @@ def main(argv: list[str] | None = None) -> str:
     ]
     rows = []
     for op, label, run_case in cases:
-        if time.monotonic() - begin > DEADLINE_S:
-            rows.append(Row(op, label, "-", None, None, f"skipped: past the {DEADLINE_S} s deadline"))
+        if time.monotonic() - begin > options.deadline_s:
+            rows.append(
+                Row(op, label, "-", None, None, f"skipped: past the {options.deadline_s:g} s deadline")
+            )
             continue
         rows += run_case(impls=impls, bandwidth=bandwidth)
     report = "\n".join(

@@ -57,6 +57,7 @@ def test_greedy_replies_equal_hf_generate_alone_with_refill_and_follow_ups(build
             model, request.prompt, request.max_new_tokens, stop
         )
     assert {c.cut for c in got.values()} == {True, False}  # both ends of a reply were exercised
+    assert batched.prefills < len(got)  # turns that started in the same step shared a forward
 
 
 def test_sampled_first_tokens_follow_the_processed_target_distribution():
