@@ -40,6 +40,11 @@ class PackedLinear:
         self.bias = None if bias is None else bias.detach()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu":
+            raise RuntimeError(
+                f"a Linear packed for oneDNN on the CPU got an input on {x.device}: the model moved "
+                "after a forward was built on it; move it first, then build the decoder or CachedTarget"
+            )
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 

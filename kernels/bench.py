@@ -168,9 +168,12 @@ def _kv_compact_rows(
     )
     label = f"{sizes.layers}x(k,v) B={batch} kv={sizes.kv_heads} hd={sizes.head_dim} P={path_len}"
     rows, samples = [], {}
+    # The timed calls compact `caches` in place, so each implementation's checked call starts
+    # from its own copy of the caches as they were before any call.
+    before = [cache.clone() for cache in caches[:2]]
     for impl in impls:
         compact = kernel("kv_compact", device, impl)
-        samples[impl] = [cache.clone() for cache in caches[:2]]
+        samples[impl] = [cache.clone() for cache in before]
         compact(samples[impl], *args)
         check = "reference"
         if impl != "reference":

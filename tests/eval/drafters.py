@@ -62,7 +62,8 @@ def perturbed_copy(model: nn.Module, noise: float, seed: int = 1) -> nn.Module:
     twin = copy.deepcopy(model)
     with torch.no_grad():
         for param in twin.parameters():
-            param.add_(torch.randn(param.shape, generator=generator) * noise * param.std().clamp_min(1e-3))
+            noise_draw = torch.randn(param.shape, generator=generator).to(param.device)
+            param.add_(noise_draw * noise * param.std().clamp_min(1e-3))
     return twin
 
 

@@ -60,14 +60,14 @@ def test_replays_write_closed_over_state_and_hand_out_copies():
 @cuda
 @pytest.mark.parametrize("drafting", [*DRAFTINGS, "medusa"])
 def test_graphed_decoding_is_the_targets_own_greedy_output(drafting):
-    target = tiny_llama(num_layers=2, vocab_size=128, hidden_size=32, seed=0)
+    # Models go to the GPU before a forward is built on them: a CPU fp32 forward packs its
+    # weights for oneDNN (heads/packed_linear.py), which a later .cuda() would not move.
+    target = tiny_llama(num_layers=2, vocab_size=128, hidden_size=32, seed=0).cuda()
     if drafting == "medusa":
         drafter, mode = TinyMedusa(target).cuda(), MedusaTreeDrafting()
     else:
         drafter, mode = eagle_drafter(target, "good"), DRAFTINGS[drafting]
-        drafter.lm.model.cuda()
         drafter.draft_token_ids = drafter.draft_token_ids.cuda()
-    target.cuda()
     eager = SpeculativeDecoder(target, drafter, mode, max_len=MAX_LEN)
     graphed = SpeculativeDecoder(target, drafter, mode, max_len=MAX_LEN, cuda_graphs=True)
     for prompt in PROMPTS:

@@ -49,6 +49,15 @@ def test_torch_path_and_refusals():
 
 
 @needs_onednn
+def test_a_packed_linear_refuses_an_input_that_left_the_cpu():
+    """A model moved to a GPU after its forward was built: a clear error, not oneDNN's."""
+    packed = linear_paths(torch.nn.Sequential(torch.nn.Linear(8, 8)))
+    (linear,) = packed.values()
+    with pytest.raises(RuntimeError, match="the model moved after a forward was built on it"):
+        linear(torch.empty(2, 8, device="meta"))
+
+
+@needs_onednn
 @pytest.mark.parametrize("build", FAMILIES, ids=FAMILY_IDS)
 def test_cached_forward_packed_equals_torch_path(build):
     """The packed target forward computes what the modules compute (Qwen2's q/k/v biases too)."""
