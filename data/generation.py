@@ -6,12 +6,18 @@ the whole conversation. Here each row of one static KV cache holds one conversat
 decode step advances every row by one token, each at its own cache slot; a row whose
 reply has ended takes its conversation's next turn at once, encoding only the tokens
 after those its cache already holds (the earlier turns and the reply), or else the next
-conversation. The rows that start a turn in the same step are encoded together, left-
-padded to the longest (rows of similar lengths share a forward, so padding stays under
-half the work): on a GPU a forward costs about the same for one row as for many. Busy
-rows are kept at the front of the batch (a row left without work swaps places with the
-last busy one), so once the queue runs dry a step computes the busy rows only. Attention
-reads the cache up to a multiple of `kv_bucket`, and there is one host read per forward.
+conversation. The rows that start a turn together are encoded in one forward, left-padded
+to the longest. Busy rows are kept at the front of the batch (a row left without work
+swaps places with the last busy one), so once the queue runs dry a step computes the busy
+rows only. Attention reads the cache up to a multiple of `kv_bucket`, and there is one host
+read per forward.
+
+What a forward costs decides how rows start. On a GPU a forward of the embedded target
+costs ~25 ms of host time whatever its size (an H200: a 1024-row decode step 22 ms, a
+one-row 200-token prefill 29 ms; BENCHMARKS.md, session 20), so a row whose reply ended
+waits up to `refill_every` steps for others, and they start in one forward whatever the
+padding. On a CPU the work is the cost: rows start at once, and only rows of similar lengths
+share a forward (padding under a third of it).
 """
 
 import time
@@ -41,7 +47,7 @@ class Completion:
 @dataclass
 class _Row:
     cached: list[int] = field(default_factory=list)  # tokens whose K/V are in the row's cache slots
-    request: Request | None = None  # None: idle
+    request: Request | None = None  # None: idle, or waiting to start its next request
     generated: list[int] = field(default_factory=list)  # the last one is the next step's input
 
 
@@ -68,15 +74,23 @@ class BatchedGenerator:
         seed: int = 0,
         kv_bucket: int = 64,
         prefill_tokens: int = 8192,
+        refill_every: int | None = None,
     ):
         """max_len: the longest prompt + reply a row holds. stop_tokens: end a reply (excluded).
-        prefill_tokens: the most tokens (padding included) one forward encodes for starting rows."""
+        prefill_tokens: the most tokens (padding included) one forward encodes for starting rows.
+        refill_every: rows whose reply ended start their next request together every this many
+        steps (None: 8 on a GPU, 1 elsewhere)."""
         self.target = target
         self.max_len = max_len
         self.stop_tokens = frozenset(stop_tokens)
         self.temperature, self.top_p = temperature, top_p
         self.kv_bucket, self.prefill_tokens = kv_bucket, prefill_tokens
         self.device = target.device
+        launch_bound = self.device.type == "cuda"
+        self.refill_every = refill_every or (8 if launch_bound else 1)
+        if self.refill_every < 1:
+            raise ValueError(f"refill_every={refill_every}: expected at least 1")
+        self.max_padding = None if launch_bound else 0.5  # padded tokens per real one in a prefill
         self.cache = target.new_cache(batch_size, max_len)
         self.rows = [_Row() for _ in range(batch_size)]
         self.busy = 0  # rows 0 .. busy - 1 hold a request, the others are idle
@@ -113,10 +127,9 @@ class BatchedGenerator:
         group, real = [], 0
         for item in new:
             width = len(item[1].prompt) - item[2]  # the longest so far: the group's width
-            if group and (
-                (len(group) + 1) * width > self.prefill_tokens
-                or 2 * (len(group) + 1) * width > 3 * (real + width)
-            ):
+            padded = (len(group) + 1) * width
+            too_padded = self.max_padding is not None and padded > (1 + self.max_padding) * (real + width)
+            if group and (padded > self.prefill_tokens or too_padded):
                 self._prefill(group)
                 group, real = [], 0
             group.append(item)
@@ -167,6 +180,7 @@ class BatchedGenerator:
         self.rows = [_Row() for _ in self.rows]
         self.busy = len(self.rows)  # every row waits for a request; those left without one retire
         self._fill([(b, None) for b in range(self.busy)], requests, follow_up)
+        waiting = []  # (row, its follow-up): rows whose reply ended; their steps are dropped
         while self.busy:
             begin = time.perf_counter()
             rows = self.rows[: self.busy]
@@ -183,12 +197,18 @@ class BatchedGenerator:
             ).logits[:, -1]
             chosen = self._choose(logits).tolist()  # the step's one host read
             for b, row in enumerate(rows):
+                if row.request is None:
+                    continue  # waiting: the K/V it wrote lies past what its next request keeps
                 row.cached.append(row.generated[-1])
                 row.generated.append(chosen[b])
-            self.generated_tokens += len(rows)
+                self.generated_tokens += 1
+                if self._finished(row):
+                    waiting.append((b, follow_up(self._complete(row))))
+                    row.request = None
             self.steps, self.step_s = self.steps + 1, self.step_s + time.perf_counter() - begin
-            ended = [(b, follow_up(self._complete(row))) for b, row in enumerate(rows) if self._finished(row)]
-            self._fill(ended, requests, follow_up)
+            if waiting and (self.steps % self.refill_every == 0 or len(waiting) == self.busy):
+                self._fill(waiting, requests, follow_up)
+                waiting = []
 
     def _fill(
         self,

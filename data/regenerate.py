@@ -43,6 +43,9 @@ class RegenerateConfig:
     # Rows generated together (each holds one conversation; a finished row takes the next);
     # more is faster until the matmuls stop gaining (64 on a 2-core CPU) or memory runs out.
     batch_size: int = 64
+    # Rows whose reply ended start their next turns together every this many decode steps:
+    # null = 8 on a GPU (a forward costs the same for one row as for many), 1 elsewhere.
+    refill_every: int | None = None
     seed: int = 0
     # The target's dtype while it regenerates; null = target.dtype. bfloat16 decodes a 64-row
     # batch ~2x faster on CPUs with AMX, 1.3x with avx512_bf16 (BENCHMARKS.md); the replies are
@@ -59,6 +62,8 @@ class RegenerateConfig:
             raise ValueError(f"data.regenerate.top_p={self.top_p}: expected a value in (0, 1]")
         if self.batch_size < 1:
             raise ValueError(f"data.regenerate.batch_size={self.batch_size}: expected at least 1")
+        if self.refill_every is not None and self.refill_every < 1:
+            raise ValueError(f"data.regenerate.refill_every={self.refill_every}: expected null or at least 1")
         if self.dtype not in (None, "auto", "float32", "bfloat16", "float16"):
             raise ValueError(
                 f"data.regenerate.dtype={self.dtype!r}: expected null, auto, float32, bfloat16 or float16"
@@ -142,7 +147,14 @@ def regenerate_conversations(
     time (data/generation.py); `on_finished(index, result)` as each conversation completes.
     Returns the generator, whose counters say where the time went."""
     generator = BatchedGenerator(
-        target.cached, cfg.batch_size, max_length, stop_tokens(target), cfg.temperature, cfg.top_p, seed
+        target.cached,
+        cfg.batch_size,
+        max_length,
+        stop_tokens(target),
+        cfg.temperature,
+        cfg.top_p,
+        seed,
+        refill_every=cfg.refill_every,
     )
     replays = (Replay(i, c, target.tokenizer, cfg, max_length) for i, c in conversations)
 
@@ -190,7 +202,11 @@ def regenerate_data(
         "skip_conversations": data_cfg.skip_conversations,  # conversation i counts from there
         "max_length": data_cfg.max_length,
         # Not dtype: the writer's weight fingerprint below already differs by dtype.
-        "regenerate": {k: v for k, v in asdict(cfg).items() if k not in ("enabled", "batch_size", "dtype")},
+        "regenerate": {
+            k: v
+            for k, v in asdict(cfg).items()
+            if k not in ("enabled", "batch_size", "refill_every", "dtype")
+        },
         "target": target.identity(),
         "weights": target.weights_fingerprint(),
     }

@@ -25,10 +25,12 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int, stop: int = STOP) -
     return out, True
 
 
+@pytest.mark.parametrize("refill_every", [1, 3], ids=["refill-at-once", "refill-every-3"])
 @pytest.mark.parametrize("build", FAMILIES, ids=FAMILY_IDS)
-def test_greedy_replies_equal_hf_generate_alone_with_refill_and_follow_ups(build):
-    """3 rows for 7 conversations of 2 turns: rows are refilled as replies end, a second turn
-    reuses its row's cache for the shared prefix, and every reply is HF's own."""
+def test_greedy_replies_equal_hf_generate_alone_with_refill_and_follow_ups(build, refill_every):
+    """3 rows for 7 conversations of 2 turns: rows are refilled as replies end (at once, or
+    waiting up to 3 steps for others, as on a GPU), a second turn reuses its row's cache for
+    the shared prefix, and every reply is HF's own."""
     model = build()
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(4, 128, (n,), generator=generator).tolist() for n in (3, 9, 5, 14, 2, 7, 11)]
@@ -47,8 +49,15 @@ def test_greedy_replies_equal_hf_generate_alone_with_refill_and_follow_ups(build
 
     requests = (Request(p, 8 if i % 2 else 3, (i, 0)) for i, p in enumerate(prompts))
     batched = BatchedGenerator(
-        CachedTarget(model), batch_size=3, max_len=64, stop_tokens=[stop], kv_bucket=16
+        CachedTarget(model),
+        batch_size=3,
+        max_len=64,
+        stop_tokens=[stop],
+        kv_bucket=16,
+        refill_every=refill_every,
     )
+    if refill_every > 1:
+        batched.max_padding = None  # as on a GPU: rows starting together share one forward
     batched.run(requests, follow_up)
     assert sorted(got) == [(i, t) for i in range(7) for t in (0, 1)]
     for completion in got.values():
@@ -58,6 +67,7 @@ def test_greedy_replies_equal_hf_generate_alone_with_refill_and_follow_ups(build
         )
     assert {c.cut for c in got.values()} == {True, False}  # both ends of a reply were exercised
     assert batched.prefills < len(got)  # turns that started in the same step shared a forward
+    assert batched.generated_tokens == sum(len(c.tokens) + (not c.cut) for c in got.values())
 
 
 def test_sampled_first_tokens_follow_the_processed_target_distribution():
