@@ -268,23 +268,6 @@ def _sliding_window(config, layer_idx: int) -> int | None:
     return getattr(config, "sliding_window", None)
 
 
-def _stack_groups(
-    query: torch.Tensor, attn_mask: torch.Tensor, kv_heads: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The query heads that share a KV head as rows of one head: query [B, heads, S, head_dim]
-    -> [B, kv_heads, group * S, head_dim] (head h = kv head h // group), the mask [B or 1, 1, S, L]
-    -> [B or 1, 1, group * S, L]."""
-    batch, heads, length, dim = query.shape
-    group = heads // kv_heads
-    rows = query.reshape(batch, kv_heads, group * length, dim)
-    mask = (
-        attn_mask.unsqueeze(2)
-        .expand(-1, -1, group, -1, -1)
-        .reshape(-1, 1, group * length, attn_mask.shape[-1])
-    )
-    return rows, mask
-
-
 def grouped_attention(
     query: torch.Tensor,  # [B, heads, S, head_dim]
     key: torch.Tensor,  # [B, kv_heads, L, head_dim]
@@ -299,25 +282,16 @@ def grouped_attention(
     fp32 while the matmuls run bf16 natively: a 64-row decode step of the embedded target in bf16
     spent 88% of its time there, 2.4x fp32's step; with this, bf16 regenerates 1.3x faster than
     fp32 (BENCHMARKS.md, session 11). fp32 keeps the fused kernel, faster there."""
-    rows, mask = _stack_groups(query, attn_mask, key.shape[1])
+    batch, heads, length, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    rows = query.reshape(batch, kv_heads, group * length, dim)  # head h = kv head h // group
     # K times the queries, not the queries times K^T: K is a slice of the cache, and torch's CPU
     # bf16 matmul copies a strided K^T whole (3x the time of the product), not a strided K.
     scores = torch.matmul(key, rows.transpose(-1, -2)).transpose(-1, -2).float() * scale  # [B, kv, gS, L]
+    mask = attn_mask.unsqueeze(2).expand(-1, -1, group, -1, -1).reshape(-1, 1, group * length, kv_len)
     probs = torch.softmax(scores.masked_fill(~mask, -torch.inf), dim=-1).to(value.dtype)
-    return torch.matmul(probs, value).reshape(query.shape)
-
-
-def stacked_sdpa(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Torch's fused attention over the stacked query heads (shapes as `grouped_attention`).
-
-    Why: with a mask, CUDA's fused kernels that take one (memory-efficient, cuDNN) do not take
-    grouped KV heads, so `enable_gqa` falls back to the math kernel, which copies K and V once
-    per query head: a 512-row decode step then moves the cache group times over. Stacked, K
-    and V are read once."""
-    rows, mask = _stack_groups(query, attn_mask, key.shape[1])
-    return F.scaled_dot_product_attention(rows, key, value, attn_mask=mask, scale=scale).reshape(query.shape)
+    return torch.matmul(probs, value).reshape(batch, heads, length, dim)
 
 
 TARGET_LINEARS = (*LINEAR_PATHS, "compiled")
@@ -429,8 +403,6 @@ class CachedTarget:
         # Decoding steps only: a whole row without a cache would materialise [S, S] scores per head.
         if cache is not None and query.device.type == "cpu" and query.dtype != torch.float32:
             out = grouped_attention(query, key, value, attn_mask, attention.scaling)
-        elif cache is not None and query.device.type == "cuda" and self.num_kv_heads < query.shape[1]:
-            out = stacked_sdpa(query, key, value, attn_mask, attention.scaling)
         else:
             out = F.scaled_dot_product_attention(
                 query,

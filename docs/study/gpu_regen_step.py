@@ -1,8 +1,7 @@
 """Regeneration's forwards on a GPU, timed: a decode step of the embedded target's shape
-(random weights, bf16) at several batch sizes, with the attention path the cached forward
-takes on CUDA (`stacked_sdpa`) and with torch's own grouped-query SDPA (`enable_gqa`), and a
-prefill of one row against one of several rows. Prints a table, and writes the batch size that
-generates the most tokens/s to --best (docs/study/gpu_session.sh hands it to the regeneration).
+(random weights, bf16) at several batch sizes, and a prefill of one row against one of several
+rows. Prints a table, and writes the batch size that generates the most tokens/s to --best
+(docs/study/gpu_session.sh hands it to the regeneration).
 
     python docs/study/gpu_regen_step.py [--best /tmp/regen_batch]      (one CUDA GPU, < 1 minute)
 """
@@ -11,10 +10,8 @@ import argparse
 import time
 
 import torch
-import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import heads.target
 from heads.target import CachedTarget
 
 SMOLLM2_135M = LlamaConfig(
@@ -43,14 +40,18 @@ def decode_step(target: CachedTarget, cache, batch: int, kv_len: int):
     slots = torch.randint(kv_len // 2, kv_len, (batch, 1), device="cuda")
     mask = (torch.arange(kv_len, device="cuda")[None, :] <= slots)[:, None, None, :]
     ids = torch.randint(0, SMOLLM2_135M.vocab_size, (batch, 1), device="cuda")
-    return lambda: target.forward(ids, slots, [layer.rows(0, batch) for layer in cache], slots, mask, num_logits=1)
+    return lambda: target.forward(
+        ids, slots, [layer.rows(0, batch) for layer in cache], slots, mask, num_logits=1
+    )
 
 
 def prefill(target: CachedTarget, cache, rows: int, length: int):
     slots = torch.arange(length, device="cuda").expand(rows, length)
     mask = (torch.arange(length, device="cuda") <= slots[:, :, None])[:, None]
     ids = torch.randint(0, SMOLLM2_135M.vocab_size, (rows, length), device="cuda")
-    return lambda: target.forward(ids, slots, [layer.rows(0, rows) for layer in cache], slots, mask, num_logits=1)
+    return lambda: target.forward(
+        ids, slots, [layer.rows(0, rows) for layer in cache], slots, mask, num_logits=1
+    )
 
 
 def main() -> None:
@@ -63,31 +64,22 @@ def main() -> None:
     with torch.device("cuda"):
         model = LlamaForCausalLM(SMOLLM2_135M).to(torch.bfloat16).eval()
     target = CachedTarget(model)
-    stacked = heads.target.stacked_sdpa
-
-    def gqa_sdpa(query, key, value, attn_mask, scale):
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, scale=scale, enable_gqa=True)
-
-    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; SmolLM2-135M shape, random bf16 weights")
-    print("forward | rows x tokens | kv len | stacked_sdpa ms | enable_gqa ms | tokens/s (stacked)")
+    print(
+        f"{torch.cuda.get_device_name()}; torch {torch.__version__}; SmolLM2-135M shape, random bf16 weights"
+    )
+    print("forward | rows x tokens | kv len | ms | tokens/s")
     best, best_rate = None, 0.0
     for batch in options.batches:
         cache = target.new_cache(batch, 1024)
-        step = decode_step(target, cache, batch, options.kv_len)
-        heads.target.stacked_sdpa = stacked
-        fast = timed(step)
-        heads.target.stacked_sdpa = gqa_sdpa
-        slow = timed(step)
-        heads.target.stacked_sdpa = stacked
-        rate = batch / fast
-        print(f"decode step | {batch} x 1 | {options.kv_len} | {fast * 1e3:.2f} | {slow * 1e3:.2f} | {rate:,.0f}")
-        if rate > best_rate * 1.15:  # a larger batch must pay for its memory
-            best, best_rate = batch, rate
-        del cache, step
+        seconds = timed(decode_step(target, cache, batch, options.kv_len))
+        print(f"decode step | {batch} x 1 | {options.kv_len} | {seconds * 1e3:.2f} | {batch / seconds:,.0f}")
+        if batch / seconds > best_rate * 1.15:  # a larger batch must pay for its memory
+            best, best_rate = batch, batch / seconds
+        del cache
         torch.cuda.empty_cache()
     cache = target.new_cache(8, 1024)
     for rows in (1, 8):
-        print(f"prefill | {rows} x 300 | 300 | {timed(prefill(target, cache, rows, 300)) * 1e3:.2f} | - | -")
+        print(f"prefill | {rows} x 300 | 300 | {timed(prefill(target, cache, rows, 300)) * 1e3:.2f} | -")
     print(f"best batch: {best}")
     if options.best:
         with open(options.best, "w") as f:
