@@ -208,6 +208,7 @@ def regenerate_data(
             if k not in ("enabled", "batch_size", "refill_every", "dtype")
         },
         "target": target.identity(),
+        "stop_tokens": stop_tokens(target),  # not in the tokenizer hash (heads.target.tokenizer_hash)
         "weights": target.weights_fingerprint(),
     }
     out_dir = root / "regenerated" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

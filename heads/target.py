@@ -88,17 +88,29 @@ class TargetOutput:
     final_hidden: torch.Tensor  # [B, T, H] after the final norm: what lm_head sees
 
 
+# Text whose token ids show how a tokenizer splits: spaces, newlines, tabs, code, digits,
+# accents, CJK, an emoji and a special token written out, as chat rows hold them.
+TOKENIZER_PROBE = (
+    "Hello, world!  Two  spaces\n\n\tdef f(x):\n    return x ** 2  # ünïcödé, 数字 12345.67 🙂\n"
+    "<|im_start|>user\nWhat's 3+4?<|im_end|>"
+)
+
+
 def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
-    """sha256 over the vocabulary, special tokens and chat template: what changes the token ids."""
+    """sha256 over what decides the token ids a drafter sees: the vocabulary, the added
+    tokens, the chat template, and the ids of a probe text (normalisation and pre-tokenisation).
+
+    Not the tokenizer's class or its special-token names: transformers versions differ in
+    both for the same tokenizer (5.17 converts the embedded GGUF with another eos_token and
+    class), and a head or a set of replies is no less valid for it. What ends a reply is in
+    the regeneration's own key (data/regenerate.py)."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
     added = sorted((i, t.content, t.special) for i, t in tokenizer.added_tokens_decoder.items())
-    special = {name: str(value) for name, value in tokenizer.special_tokens_map.items()}
     payload = {
-        "class": type(tokenizer).__name__,
         "vocab": vocab,
         "added": added,
-        "special": special,
         "chat_template": tokenizer.chat_template or "",
+        "probe": tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"],
     }
     return hashlib.sha256(json.dumps(payload, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
 

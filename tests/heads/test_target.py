@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGUFWriter
+from tokenizers import pre_tokenizers
 from transformers import AutoModelForCausalLM
 
 from heads.target import (
@@ -109,6 +110,20 @@ def test_tokenizer_hash_changes_with_the_chat_template():
     before = tokenizer_hash(tokenizer)
     tokenizer.chat_template = "{{ messages[0]['content'] }}"
     assert tokenizer_hash(tokenizer) != before
+
+
+def test_tokenizer_hash_follows_the_token_ids_not_the_special_token_names():
+    """transformers 5.17 converts the embedded GGUF with another eos_token: the ids, and so the
+    hash, stay; a new token, or another split of the same text, moves it."""
+    tokenizer = tiny_tokenizer()
+    before = tokenizer_hash(tokenizer)
+    tokenizer.eos_token = "<|im_start|>"
+    assert tokenizer_hash(tokenizer) == before
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Split("w", behavior="isolated")
+    split_differently = tokenizer_hash(tokenizer)
+    assert split_differently != before
+    tokenizer.add_tokens(["<tool>"])
+    assert tokenizer_hash(tokenizer) not in (before, split_differently)
 
 
 def test_local_model_dir_loads(tmp_path):
