@@ -70,7 +70,9 @@ decoding on the 2-core CPU: BENCHMARKS.md "Session 19".
 The device's transformers (5.17) converts the GGUF's tokenizer with eos_token `<|im_start|>`
 where 5.24 says `<|im_end|>`, so the run recorded another tokenizer_hash; vocabulary, added
 tokens and chat template are identical (checked), so the token ids are too, and `target.json`
-names the embedded target and this repository's hash.
+names the embedded target and this repository's hash. Since session 20 that hash keys only what
+decides the token ids (vocabulary, added tokens, chat template, a probe text's ids), not the
+special tokens' names.
 
 Use: `python eval/run.py head_dir=heads/release/smollm2-135m-eagle3 out=outputs/eval`, or start a job from
 it with `head.init=release` (the default job does); export it with `python -m heads.export`.
