@@ -122,8 +122,12 @@ def processed_probs(
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         sorted_probs = sorted_logits.softmax(dim=-1)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        # Drop a token once the tokens above it already cover top_p (the top token always stays).
-        drop_sorted = mass_before >= top_p
+        # Drop a token once the tokens strictly above it already cover top_p (the top token
+        # always stays). Tied tokens share the mass above their first one, so a tie is kept or
+        # dropped whole, whatever order the sort gave it (bf16 logits tie often; the Triton
+        # kernel, which never sorts, decides the same way).
+        first_of_tie = torch.searchsorted(-sorted_logits, -sorted_logits, side="left")
+        drop_sorted = mass_before.gather(-1, first_of_tie) >= top_p
         drop_sorted[..., 0] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))

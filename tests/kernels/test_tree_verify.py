@@ -179,6 +179,25 @@ def test_bf16_logits_are_computed_in_fp32_and_ties_keep_the_lowest_id():
             assert (expected.next_token == 100).all()
 
 
+def test_top_p_keeps_or_drops_tied_logits_whole():
+    """probs 0.687, then three tied at 0.093, then 0.034: the tie falls whole on either side of
+    top-p, whatever order a sort gives it, as the kernel (which never sorts) decides."""
+    logits = torch.tensor([[3.0, 1.0, 1.0, 1.0, 0.0, -5.0]])
+    assert (processed_probs(logits, 1.0, 0, 0.5)[0, 1:] == 0).all()
+    kept = processed_probs(logits, 1.0, 0, 0.75)[0] > 0  # the cut falls inside the tie
+    assert kept.tolist() == [True, True, True, True, False, False]
+
+
+def test_kernel_matches_the_reference_when_logits_tie_at_the_top_p_boundary():
+    """Logits rounded to integers tie in groups; top-p's cut often falls inside one (bf16 logits
+    over a 128k vocabulary do that on a GPU: a reference that cut ties by sort order did not
+    match the kernel there)."""
+    for setting in ("T=1.2,top_p=0.8", "T=0.9,top_k=8,top_p=0.7"):
+        inputs = list(_round_inputs(6, 9, 100, 4, SETTINGS[setting], seed=11))
+        inputs[2] = inputs[2].round()
+        _assert_kernel_matches(tuple(inputs), VerifyBlocks(rows=8, vocab=64))
+
+
 def test_one_tree_shared_by_the_batch_through_a_stride_0_table():
     inputs = list(_round_inputs(3, 10, 40, 3, SETTINGS["T=1"], seed=5))
     inputs[0] = inputs[0][:1].expand(3, -1, -1)  # eval's layout.children.expand(B, ...)
