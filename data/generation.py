@@ -87,7 +87,7 @@ class BatchedGenerator:
         self.kv_bucket, self.prefill_tokens = kv_bucket, prefill_tokens
         self.device = target.device
         launch_bound = self.device.type == "cuda"
-        self.refill_every = refill_every or (8 if launch_bound else 1)
+        self.refill_every = refill_every if refill_every is not None else (8 if launch_bound else 1)
         if self.refill_every < 1:
             raise ValueError(f"refill_every={refill_every}: expected at least 1")
         self.max_padding = None if launch_bound else 0.5  # padded tokens per real one in a prefill
@@ -119,7 +119,9 @@ class BatchedGenerator:
             )
 
     def _start(self, starts: list[tuple[int, Request]]) -> None:
-        """Start each (row, request): starts with about as many new tokens share one forward."""
+        """Start each (row, request). Sorted by their new tokens, they share forwards of at most
+        `prefill_tokens` tokens, padding included; on a CPU only rows whose padding stays under
+        `max_padding` per real token share one."""
         new = [
             (b, r, min(_common_prefix(self.rows[b].cached, r.prompt), len(r.prompt) - 1)) for b, r in starts
         ]
