@@ -3,7 +3,7 @@ the kernels (DRAFTER_KERNELS=triton) and without (reference), on a random-weight
 Llama-3-8B shape and a random EAGLE-3 head (heads/eagle3.py), both built on the device in the
 benchmark dtype.
 
-    python -m eval.bench_decoder [--dry-run]     # on a GPU; --dry-run: tiny CPU shapes, harness only
+    python -m eval.bench_decoder [--dry-run] [--cuda-graphs]   # on a GPU; --dry-run: tiny CPU shapes
 
 It lives in eval/ (kernels/ import nothing of eval/) and prints its table the way kernels/bench.py does.
 
@@ -121,7 +121,9 @@ def _time_rounds(decoder: SpeculativeDecoder, prompt: list[int], sizes: DecoderS
     return seconds / rounds, out.tokens, out.metrics.acceptance_length
 
 
-def decoder_rows(device, dtype, sizes: DecoderSizes, impls: list[str], bandwidth: float) -> list[Row]:
+def decoder_rows(
+    device, dtype, sizes: DecoderSizes, impls: list[str], bandwidth: float, cuda_graphs: bool = False
+) -> list[Row]:
     target, drafter = build_models(sizes, device, dtype)
     weight_bytes = sum(param.numel() * param.element_size() for param in target.parameters())
     prompt = torch.randint(
@@ -136,12 +138,17 @@ def decoder_rows(device, dtype, sizes: DecoderSizes, impls: list[str], bandwidth
                 shape = (
                     f"{sizes.layers}L h{sizes.hidden} V={sizes.vocab} {str(dtype).removeprefix('torch.')}, "
                     f"tree d{depth} k{top_k} n{budget}, {sampling_name}"
+                    + (", CUDA graphs" if cuda_graphs else "")
                 )
                 tokens = {}
                 for impl in impls:
                     os.environ[ENV_VAR] = impl
                     decoder = SpeculativeDecoder(
-                        target, drafter, drafting, max_len=sizes.prompt_len + sizes.new_tokens
+                        target,
+                        drafter,
+                        drafting,
+                        max_len=sizes.prompt_len + sizes.new_tokens,
+                        cuda_graphs=cuda_graphs,
                     )
                     seconds, tokens[impl], accept_length = _time_rounds(
                         decoder, prompt, sizes, sampling, device
@@ -164,6 +171,9 @@ def main(argv: list[str] | None = None) -> str:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--dry-run", action="store_true", help="tiny CPU shapes, torch references only")
+    parser.add_argument(
+        "--cuda-graphs", action="store_true", help="replay the decoder's forwards from CUDA graphs (GPU only)"
+    )
     options = parser.parse_args(argv)
     if options.dry_run:
         device, dtype, sizes, impls = torch.device("cpu"), torch.float32, DRY_RUN_DECODER_SIZES, ["reference"]
@@ -181,7 +191,9 @@ def main(argv: list[str] | None = None) -> str:
             "eval/bench_decoder.py needs a CUDA GPU; run `python -m eval.bench_decoder --dry-run` on CPU"
         )
     begin = time.monotonic()
-    rows = decoder_rows(device, dtype, sizes, impls, bandwidth=measure_bandwidth(device, bandwidth_sizes))
+    bandwidth = measure_bandwidth(device, bandwidth_sizes)
+    graphs = options.cuda_graphs and device.type == "cuda"  # CPU forwards always run eagerly
+    rows = decoder_rows(device, dtype, sizes, impls, bandwidth, cuda_graphs=graphs)
     report = (
         f"card: {card}; date: {datetime.date.today()}; commit: {commit_id()}; torch {torch.__version__}; "
         f"elapsed {time.monotonic() - begin:.0f} s\n{format_table(rows)}"

