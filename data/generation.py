@@ -79,7 +79,7 @@ class BatchedGenerator:
         """max_len: the longest prompt + reply a row holds. stop_tokens: end a reply (excluded).
         prefill_tokens: the most tokens (padding included) one forward encodes for starting rows.
         refill_every: rows whose reply ended start their next request together every this many
-        steps (None: 8 on a GPU, 1 elsewhere)."""
+        steps (None: 16 on a GPU, 1 elsewhere)."""
         self.target = target
         self.max_len = max_len
         self.stop_tokens = frozenset(stop_tokens)
@@ -87,7 +87,7 @@ class BatchedGenerator:
         self.kv_bucket, self.prefill_tokens = kv_bucket, prefill_tokens
         self.device = target.device
         launch_bound = self.device.type == "cuda"
-        self.refill_every = refill_every if refill_every is not None else (8 if launch_bound else 1)
+        self.refill_every = refill_every if refill_every is not None else (16 if launch_bound else 1)
         if self.refill_every < 1:
             raise ValueError(f"refill_every={refill_every}: expected at least 1")
         self.max_padding = None if launch_bound else 0.5  # padded tokens per real one in a prefill

@@ -44,7 +44,7 @@ class RegenerateConfig:
     # more is faster until the matmuls stop gaining (64 on a 2-core CPU) or memory runs out.
     batch_size: int = 64
     # Rows whose reply ended start their next turns together every this many decode steps:
-    # null = 8 on a GPU (a forward costs the same for one row as for many), 1 elsewhere.
+    # null = 16 on a GPU (a forward costs the same for one row as for many), 1 elsewhere.
     refill_every: int | None = None
     seed: int = 0
     # The target's dtype while it regenerates; null = target.dtype. bfloat16 decodes a 64-row
