@@ -27,6 +27,7 @@ from data.chat_template import generation_prompt_ids
 from data.conversations import Conversation
 from data.generation import BatchedGenerator, Completion, Request
 from data.tally import Tally, report_short_selection
+from heads.target import legacy_tokenizer_hash
 
 FORMAT = 2  # bump when the output layout or the generation method changes
 
@@ -211,7 +212,17 @@ def regenerate_data(
         "stop_tokens": stop_tokens(target),  # not in the tokenizer hash (heads.target.tokenizer_hash)
         "weights": target.weights_fingerprint(),
     }
-    out_dir = root / "regenerated" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    out_dir = _keyed_dir(root, key)
+    # Replies written under the key as it was until session 20 (the tokenizer hash then named
+    # the special tokens, end of reply among them; no stop tokens) are this key's: moved, not redone.
+    legacy = key | {"target": target.identity() | {"tokenizer_hash": legacy_tokenizer_hash(target.tokenizer)}}
+    legacy.pop("stop_tokens")
+    if not out_dir.exists() and _keyed_dir(root, legacy).is_dir():
+        try:
+            _keyed_dir(root, legacy).rename(out_dir)
+            print(f"regenerated replies: {_keyed_dir(root, legacy)} moved to {out_dir} (the key's new form)")
+        except OSError:  # another rank moved it first, or began the new directory (then: generated anew)
+            pass
     manifest_path = out_dir / "manifest.json"
     manifest = _manifest(manifest_path)
     reused = manifest.get("key") == key and manifest.get("max_conversations") == data_cfg.max_conversations
@@ -273,6 +284,10 @@ def read_parts(out_dir: Path) -> dict[int, dict]:
         if valid_bytes < part.stat().st_size:
             os.truncate(part, valid_bytes)
     return rows
+
+
+def _keyed_dir(root: Path, key: dict) -> Path:
+    return root / "regenerated" / hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _generate_part(

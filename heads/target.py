@@ -96,6 +96,18 @@ TOKENIZER_PROBE = (
 )
 
 
+def _sha256_json(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
+
+
+def _token_tables(tokenizer: PreTrainedTokenizerBase) -> dict:
+    return {
+        "vocab": sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]),
+        "added": sorted((i, t.content, t.special) for i, t in tokenizer.added_tokens_decoder.items()),
+        "chat_template": tokenizer.chat_template or "",
+    }
+
+
 def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
     """sha256 over what decides the token ids a drafter sees: the vocabulary, the added
     tokens, the chat template, and the ids of a probe text (normalisation and pre-tokenisation).
@@ -104,15 +116,16 @@ def tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
     both for the same tokenizer (5.17 converts the embedded GGUF with another eos_token and
     class), and a head or a set of replies is no less valid for it. What ends a reply is in
     the regeneration's own key (data/regenerate.py)."""
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
-    added = sorted((i, t.content, t.special) for i, t in tokenizer.added_tokens_decoder.items())
-    payload = {
-        "vocab": vocab,
-        "added": added,
-        "chat_template": tokenizer.chat_template or "",
-        "probe": tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"],
-    }
-    return hashlib.sha256(json.dumps(payload, ensure_ascii=False, sort_keys=True).encode()).hexdigest()
+    probe = tokenizer(TOKENIZER_PROBE, add_special_tokens=False)["input_ids"]
+    return _sha256_json(_token_tables(tokenizer) | {"probe": probe})
+
+
+def legacy_tokenizer_hash(tokenizer: PreTrainedTokenizerBase) -> str:
+    """`tokenizer_hash` as it was until session 20 (class and special-token names in, no probe):
+    heads and regenerated replies recorded with it are still recognised for the same tokenizer
+    (`Target.check_head_dir`, data/regenerate.py), not thrown away."""
+    special = {name: str(value) for name, value in tokenizer.special_tokens_map.items()}
+    return _sha256_json(_token_tables(tokenizer) | {"class": type(tokenizer).__name__, "special": special})
 
 
 def cache_root(cfg: TargetConfig) -> Path:
@@ -591,6 +604,8 @@ class Target(nn.Module):
             )
             return
         recorded = json.loads(path.read_text())
+        if recorded.get("tokenizer_hash") == legacy_tokenizer_hash(self.tokenizer):
+            recorded["tokenizer_hash"] = self.tokenizer_hash  # recorded before session 20's hash
         for key, value in self.identity().items():
             if key != "name" and recorded.get(key) != value:
                 raise ValueError(

@@ -9,7 +9,7 @@ import data.regenerate as regenerate
 from data.chat_template import generation_prompt_ids
 from data.prepare import DataConfig, select_conversations
 from data.regenerate import RegenerateConfig, regenerate_data, stop_tokens
-from heads.target import Target, TargetConfig
+from heads.target import Target, TargetConfig, legacy_tokenizer_hash
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +132,28 @@ def test_a_killed_run_resumes_where_it_stopped_and_a_finished_one_is_reused(
     calls.clear()
     assert run(cfg, tiny_target).sources == again.sources
     assert calls == []
+
+
+def test_replies_under_the_earlier_key_are_moved_not_regenerated(
+    tiny_target, two_turn_chats, tmp_path, monkeypatch
+):
+    """A cache written before session 20 sits under the key with the earlier tokenizer hash and
+    no stop tokens: the run takes it over (resuming from its part files) instead of regenerating."""
+    cfg = data_cfg(two_turn_chats, tmp_path)
+    first = run(cfg, tiny_target)
+    expected = read_jsonl(first.sources[0])
+    directory = out_dir(first)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    legacy = manifest["key"] | {
+        "target": manifest["key"]["target"] | {"tokenizer_hash": legacy_tokenizer_hash(tiny_target.tokenizer)}
+    }
+    legacy.pop("stop_tokens")
+    old_dir = regenerate._keyed_dir(Path(cfg.cache_dir), legacy)
+    directory.rename(old_dir)
+    calls = counting(monkeypatch)
+    again = run(cfg, tiny_target)
+    assert calls == [] and not old_dir.exists()
+    assert again.sources == first.sources and read_jsonl(again.sources[0]) == expected
 
 
 def test_ranks_split_the_batches_and_rank_0_merges_them(tiny_target, two_turn_chats, tmp_path):

@@ -15,6 +15,7 @@ from heads.target import (
     TargetConfig,
     check_gguf_complete,
     embedded_gguf,
+    legacy_tokenizer_hash,
     resolve_model_dir,
     sha256_file,
     tokenizer_hash,
@@ -110,6 +111,18 @@ def test_tokenizer_hash_changes_with_the_chat_template():
     before = tokenizer_hash(tokenizer)
     tokenizer.chat_template = "{{ messages[0]['content'] }}"
     assert tokenizer_hash(tokenizer) != before
+
+
+def test_a_head_recorded_with_the_earlier_tokenizer_hash_is_still_this_targets(tmp_path):
+    """Heads trained before session 20 recorded `legacy_tokenizer_hash`: accepted for the same
+    tokenizer, and a head of another tokenizer is still refused."""
+    target = Target.from_pretrained_model(tiny_llama(), tiny_tokenizer())
+    identity = target.identity() | {"tokenizer_hash": legacy_tokenizer_hash(target.tokenizer)}
+    (tmp_path / "target.json").write_text(json.dumps(identity))
+    target.check_head_dir(tmp_path)
+    (tmp_path / "target.json").write_text(json.dumps(identity | {"tokenizer_hash": "0" * 64}))
+    with pytest.raises(ValueError, match="tokenizer_hash="):
+        target.check_head_dir(tmp_path)
 
 
 def test_tokenizer_hash_follows_the_token_ids_not_the_special_token_names():
