@@ -7,12 +7,12 @@ rows. Prints a table, and writes the batch size that generates the most tokens/s
 """
 
 import argparse
-import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from heads.target import CachedTarget
+from kernels.bench_timing import time_per_call
 
 SMOLLM2_135M = LlamaConfig(
     hidden_size=576,
@@ -26,14 +26,9 @@ SMOLLM2_135M = LlamaConfig(
 )
 
 
-def timed(fn, repeats: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - begin) / repeats
+def timed(fn) -> float:
+    """Median seconds per call over 5 calls after one warm-up (CUDA events)."""
+    return time_per_call(fn, torch.device("cuda"), warmup=1, iters=5)
 
 
 def decode_step(target: CachedTarget, cache, batch: int, kv_len: int):
