@@ -1,7 +1,8 @@
 """Where does first-draft acceptance go between training and decoding? (study script)
 
-Teacher-forced first-draft accuracy of a head (the draft for token t + 2 from the feature of t and
-token t + 1 == the target's argmax at t + 1), split by the position inside the reply, for
+Teacher-forced first-draft accuracy of a head (its draft for token t + 2, from the feature of t and
+token t + 1, against the target's own choice for token t + 2), by the position inside the reply
+(from reply token 1: the decoder's first draft follows the target's first reply token), for
   - replies of the shipped regenerated set the head never trained on (conversations >= --skip),
   - the target's own greedy continuations of held-out chat prompts (what the eval decodes),
 with the target in fp32 and in bf16 (the head's features in the dtype it was trained with or not).
@@ -37,7 +38,7 @@ def first_draft_hits(target: Target, head, ids: list[int], reply_start: int) -> 
     _, logits = head.step(feats[:, :seq], x[:, 1:], torch.arange(seq)[None], None, None, mask)
     drafted = head.draft_token_ids[logits.argmax(-1)[0]]  # drafted[t] predicts token t + 2
     hits = []
-    for t in range(max(reply_start - 2, 0), seq - 1):  # t + 2 = a reply token
+    for t in range(reply_start - 1, seq - 1):  # t + 2 = reply tokens 1, 2, ...
         hits.append((t + 2 - reply_start, bool(drafted[t] == argmax[t + 1])))
     return hits
 
