@@ -213,17 +213,18 @@ def regenerate_data(
         "weights": target.weights_fingerprint(),
     }
     out_dir = _keyed_dir(root, key)
-    # Replies written under the key as it was until session 20 (the tokenizer hash then named
-    # the special tokens, end of reply among them; no stop tokens) are this key's: moved, not redone.
-    legacy = key | {"target": key["target"] | {"tokenizer_hash": legacy_tokenizer_hash(target.tokenizer)}}
-    legacy.pop("stop_tokens")
-    legacy_dir = _keyed_dir(root, legacy)
-    if not out_dir.exists() and legacy_dir.is_dir():
-        try:
-            legacy_dir.rename(out_dir)
-            print(f"regenerated replies: {legacy_dir} moved to {out_dir} (the key's new form)")
-        except OSError:  # another rank moved it first, or began the new directory (then: generated anew)
-            pass
+    if not out_dir.exists():
+        # Replies written under the key as it was until session 20 (the tokenizer hash then named
+        # the special tokens, end of reply among them; no stop tokens) are this key's: moved, not redone.
+        legacy = key | {"target": key["target"] | {"tokenizer_hash": legacy_tokenizer_hash(target.tokenizer)}}
+        legacy.pop("stop_tokens")
+        legacy_dir = _keyed_dir(root, legacy)
+        if legacy_dir.is_dir():
+            try:
+                legacy_dir.rename(out_dir)
+                print(f"regenerated replies: {legacy_dir} moved to {out_dir} (the key's new form)")
+            except OSError:  # another rank moved it first, or began the new directory (then: generated anew)
+                pass
     manifest_path = out_dir / "manifest.json"
     manifest = _manifest(manifest_path)
     reused = manifest.get("key") == key and manifest.get("max_conversations") == data_cfg.max_conversations

@@ -604,9 +604,12 @@ class Target(nn.Module):
             )
             return
         recorded = json.loads(path.read_text())
-        if recorded.get("tokenizer_hash") == legacy_tokenizer_hash(self.tokenizer):
-            recorded["tokenizer_hash"] = self.tokenizer_hash  # recorded before session 20's hash
-        for key, value in self.identity().items():
+        identity = self.identity()
+        current = identity["tokenizer_hash"]
+        if recorded.get("tokenizer_hash") not in (None, current):
+            if recorded["tokenizer_hash"] == legacy_tokenizer_hash(self.tokenizer):
+                recorded["tokenizer_hash"] = current  # recorded before session 20's hash
+        for key, value in identity.items():
             if key != "name" and recorded.get(key) != value:
                 raise ValueError(
                     f"{head_dir} was trained for target {recorded.get('name')!r} with {key}="

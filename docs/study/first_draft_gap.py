@@ -61,7 +61,6 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=24)
     p.add_argument("--new-tokens", type=int, default=96)
     args = p.parse_args()
-    torch.manual_seed(0)
     with gzip.open(args.replies, "rt") as f:
         rows = [json.loads(line) for line in f][args.skip : args.skip + args.conversations]
     prompts = load_eval_set("docs/study/heldout_chat.jsonl", args.prompts)

@@ -2,8 +2,9 @@
 
 Writes, as JSONL: the H200 set's conversations after the first 640 (the shipped head's run took
 the first 640), then the conversations of the later CPU sets (_more, _third, _fourth) whose id
-the H200 set lacks (ShareGPT conversations it dropped or never reached). Ids stay unique; the CPU sets' replies to prompts
-the H200 set holds are left out (near-duplicates of text the head saw).
+the H200 set lacks (ShareGPT conversations it dropped or never reached). Ids stay unique; the
+CPU sets' replies to prompts the H200 set holds are left out (near-duplicates of text the head
+saw).
 
     python docs/study/unseen_replies.py outputs/s21/unseen.jsonl
 """
