@@ -4,7 +4,10 @@ Why: on a CPU, PyTorch's default GEMM path for a few rows (a decode step, the ve
 k drafts) lays the weight out again on every call, so a forward over a few tokens costs more
 than its work; packed once, oneDNN skips that (BENCHMARKS.md, "Session 8": the verify curve,
 torch's path against this one). `F.linear` through the module is the reference and
-the path wherever oneDNN does not apply (GPUs, dtypes other than fp32, a torch without it).
+the path wherever oneDNN does not apply (GPUs, fp16, bf16 on a CPU without native bf16
+instructions, a torch without oneDNN). In bf16 on a CPU with them (avx512_bf16, AMX) packing
+also makes the one-token step cheaper (BENCHMARKS.md, session 22); large products (prefills,
+training rows) cost the same either way.
 
 The packed copy doubles the weights' memory; it is made once per model and shared by every
 forward built on it (the target's cached forward, heads/target.py; a draft head at decode time,
@@ -25,10 +28,13 @@ Linear = Callable[[torch.Tensor], torch.Tensor]  # [..., in] -> [..., out]
 
 
 def packing_applies(weight: torch.Tensor) -> bool:
-    """oneDNN's packed fp32 path exists for this weight (a CPU fp32 tensor)."""
-    return (
-        weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
-    )
+    """oneDNN's packed path exists for this weight: a CPU tensor in fp32, or in bf16 where the CPU
+    computes bf16 natively (elsewhere oneDNN would emulate it, slower than torch's own path)."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if weight.dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return weight.dtype == torch.float32
 
 
 class PackedLinear:
@@ -86,8 +92,9 @@ def linear_paths(model: nn.Module, path: str = "auto") -> dict[nn.Linear, Linear
     applies = all(packing_applies(module.weight) for module in linears)
     if path == "packed" and not applies:
         raise ValueError(
-            "linear path 'packed' needs fp32 weights on a CPU with oneDNN (torch.backends.mkldnn); "
-            "use 'auto' to fall back to torch's own path"
+            "linear path 'packed' needs CPU weights in fp32, or in bf16 where the CPU computes bf16 "
+            "natively, and a torch with oneDNN (torch.backends.mkldnn); use 'auto' to fall back to "
+            "torch's own path"
         )
     if path == "torch" or not applies:
         return {module: module for module in linears}

@@ -344,10 +344,11 @@ class CachedTarget:
     the window is refused.
 
     linears: how the model's Linear layers run (heads/packed_linear.py): auto = weights
-    prepacked for oneDNN on a CPU in fp32 (a few-row forward then costs what its work costs),
-    torch = the modules as they are (the reference), compiled = the decoder layers of cached
-    forwards over at most COMPILED_MAX_TOKENS tokens (decode steps, verifications) through
-    torch.compile with the weights frozen (`compiled_decoder_layers`), everything else as auto.
+    prepacked for oneDNN on a CPU in fp32, or bf16 where the CPU computes it natively (a few-row
+    forward then costs what its work costs), torch = the modules as they are (the reference),
+    compiled = the decoder layers of cached forwards over at most COMPILED_MAX_TOKENS tokens
+    (decode steps, verifications) through torch.compile with the weights frozen
+    (`compiled_decoder_layers`), everything else as auto.
     """
 
     def __init__(self, model: PreTrainedModel, linears: str = "auto"):

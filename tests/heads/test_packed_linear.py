@@ -9,6 +9,10 @@ from tests.heads.test_target_forward import FAMILIES, FAMILY_IDS, full_forward
 needs_onednn = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN (CPU builds ship it)"
 )
+needs_native_bf16 = pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    reason="this CPU has no native bf16 (avx512_bf16 / AMX): bf16 weights stay on torch's path",
+)
 
 
 @needs_onednn
@@ -19,6 +23,21 @@ def test_packed_linear_computes_the_linear(shape):
     x = torch.randn(*shape)
     for b in (bias, None):
         torch.testing.assert_close(PackedLinear(weight, b)(x), F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+
+
+@needs_native_bf16
+@pytest.mark.parametrize("shape", [(1, 48), (9, 48), (2, 5, 48)])
+def test_packed_linear_computes_the_linear_in_bf16(shape):
+    """bf16 weights pack where the CPU computes bf16 natively, and give torch's bf16 product up to
+    bf16 rounding (both accumulate in fp32)."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(40, 48, dtype=torch.bfloat16), torch.randn(40, dtype=torch.bfloat16)
+    x = torch.randn(*shape, dtype=torch.bfloat16)
+    assert packing_applies(weight)
+    for b in (bias, None):
+        got = PackedLinear(weight, b)(x)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1.6e-2, atol=1e-2)
 
 
 @needs_onednn
@@ -39,10 +58,10 @@ def test_packs_are_shared_and_redone_after_a_weight_changes():
 def test_torch_path_and_refusals():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8))
     assert linear_paths(model, "torch") == {model[0]: model[0]}
-    half = torch.nn.Sequential(torch.nn.Linear(8, 8)).to(torch.bfloat16)
+    half = torch.nn.Sequential(torch.nn.Linear(8, 8)).to(torch.float16)
     assert not packing_applies(half[0].weight)
     assert linear_paths(half) == {half[0]: half[0]}  # auto falls back
-    with pytest.raises(ValueError, match="'packed' needs fp32 weights on a CPU"):
+    with pytest.raises(ValueError, match="'packed' needs CPU weights in fp32, or in bf16 where"):
         linear_paths(half, "packed")
     with pytest.raises(ValueError, match="linear path 'fast'"):
         linear_paths(model, "fast")
@@ -113,3 +132,15 @@ def test_a_linear_subclass_with_its_own_forward_keeps_it():
     with packed_forwards(module_linears(model)):
         assert "forward" not in vars(block)
         torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_native_bf16
+def test_cached_forward_packed_equals_torch_path_in_bf16():
+    """A bf16 target packs its Linear layers and computes what the modules compute (bf16 rounding)."""
+    model = FAMILIES[0]().to(torch.bfloat16)
+    packed, reference = CachedTarget(model), CachedTarget(model, linears="torch")
+    assert all(isinstance(path, PackedLinear) for path in packed.linear.values())
+    input_ids = torch.randint(0, 128, (1, 11))
+    out_packed, _ = full_forward(packed, input_ids, [0, 1])
+    out_torch, _ = full_forward(reference, input_ids, [0, 1])
+    torch.testing.assert_close(out_packed.logits.float(), out_torch.logits.float(), rtol=0.05, atol=0.05)
