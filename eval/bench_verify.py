@@ -7,6 +7,7 @@ figure of one table comes from one run, the paths interleaved.
     python eval/bench_verify.py                     # the embedded target, contexts 256 and 1024
     python eval/bench_verify.py --contexts 256 --reps 15 --tokens 1 2 3 5 9 17
     python eval/bench_verify.py --paths torch auto compiled  # compiles first: minutes on a CPU
+    python eval/bench_verify.py --dtype bfloat16     # bf16 weights (packed where the CPU has native bf16)
 
 Verification of K drafts is a forward over k = K + 1 tokens; speculation pays only when that
 costs little more than one step (SPEC.md section 3), so this curve prices every drafting choice.
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--target", default=TargetConfig.name)
+    parser.add_argument("--dtype", default=TargetConfig.dtype, choices=["float32", "bfloat16"])
     parser.add_argument("--contexts", nargs="+", type=int, default=[256, 1024])
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 3, 5, 9, 17])
     parser.add_argument("--reps", type=int, default=15)
@@ -89,10 +91,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.tokens[0] != 1:
         parser.error("--tokens must start at 1: the curve is relative to one decode step")
-    target = Target.load(TargetConfig(name=args.target))
+    target = Target.load(TargetConfig(name=args.target, dtype=args.dtype))
     paths = tuple(args.paths)
     curve = verify_curve(target, args.contexts, args.tokens, args.reps, paths)
-    print(f"{machine_line()}; median of {args.reps}; k = tokens in the forward (K drafts + 1)\n")
+    print(
+        f"{machine_line()}; {args.dtype}; median of {args.reps}; k = tokens in the forward (K drafts + 1)\n"
+    )
     print("| linears | context | " + " | ".join(f"k={k}" for k in args.tokens) + " |")
     print("|---|---|" + "---|" * len(args.tokens))
     for path in paths:
