@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from filelock import FileLock
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from torch import nn
 from transformers import (
@@ -197,11 +198,16 @@ def _convert_gguf(gguf: Path, gguf_sha256: str, out_dir: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    # transformers >= 5.24 writes weights from rank 0 only once torch.distributed is up; whichever
+    # rank converts, this is a local file, not a distributed checkpoint.
+    model.should_save_on_this_rank = lambda is_main_process: is_main_process
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     weights = {p.name: sha256_file(p) for p in sorted(tmp.glob("*.safetensors"))}
+    if not weights or not (tmp / "config.json").is_file():
+        raise RuntimeError(f"converting {gguf}: save_pretrained wrote no weights or config.json to {tmp}")
     (tmp / SOURCE).write_text(json.dumps({"gguf": str(gguf), "sha256": gguf_sha256, "weights": weights}))
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
@@ -245,13 +251,16 @@ def resolve_model_dir(cfg: TargetConfig) -> str:
                 "a .gguf file, a model directory nor an org/name hub id"
             )
         return cfg.name
-    if _cache_is_valid(out_dir, expected):
-        return str(out_dir)
-    check_gguf_complete(gguf)
-    actual = sha256_file(gguf)
-    if expected is not None and actual != expected:
-        raise ValueError(f"{gguf}: sha256 {actual} does not match the expected {expected}")
-    _convert_gguf(gguf, actual, out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Ranks of a distributed job start here together: one converts, the others wait and reuse it.
+    with FileLock(out_dir.with_name(out_dir.name + ".lock")):
+        if _cache_is_valid(out_dir, expected):
+            return str(out_dir)
+        check_gguf_complete(gguf)
+        actual = sha256_file(gguf)
+        if expected is not None and actual != expected:
+            raise ValueError(f"{gguf}: sha256 {actual} does not match the expected {expected}")
+        _convert_gguf(gguf, actual, out_dir)
     return str(out_dir)
 
 

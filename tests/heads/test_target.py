@@ -199,3 +199,63 @@ def test_the_machine_description_names_the_features_that_decide_speed(monkeypatc
     assert described["torch_threads"] == torch.get_num_threads()
     line = machine.machine_line(described)
     assert "avx2, avx512_bf16" in line and f"{torch.get_num_threads()} torch threads" in line
+
+
+def test_ranks_starting_together_convert_a_gguf_once(tmp_path, monkeypatch):
+    """The ranks of a distributed job resolve the target at the same moment: one converts, the
+    others wait for it and reuse its directory (they used to write the same temporary directory
+    at once, and one of them failed)."""
+    import threading
+
+    import heads.target as target_module
+
+    gguf = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf)
+    calls = []
+
+    def slow_convert(gguf_path: Path, gguf_sha256: str, out_dir: Path) -> None:
+        calls.append(out_dir)
+        threading.Event().wait(0.5)  # long enough for the other rank to look at the cache
+        out_dir.mkdir(parents=True)
+        (out_dir / "model.safetensors").write_bytes(b"weights")
+        weights = {"model.safetensors": sha256_file(out_dir / "model.safetensors")}
+        (out_dir / SOURCE).write_text(json.dumps({"sha256": gguf_sha256, "weights": weights}))
+
+    monkeypatch.setattr(target_module, "_convert_gguf", slow_convert)
+    cfg = TargetConfig(name=str(gguf), cache_dir=str(tmp_path / "cache"))
+    resolved = []
+    ranks = [threading.Thread(target=lambda: resolved.append(resolve_model_dir(cfg))) for _ in range(2)]
+    for rank in ranks:
+        rank.start()
+    for rank in ranks:
+        rank.join()
+    assert len(calls) == 1
+    assert resolved == [str(calls[0])] * 2
+
+
+def _resolve_as_rank(rank: int, name: str, cache_dir: str, init_file: str) -> None:
+    import time
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    if rank == 0:
+        time.sleep(5)  # rank 1 takes the lock and converts: the rank transformers would not save on
+    model_dir = resolve_model_dir(TargetConfig(name=name, cache_dir=cache_dir))
+    assert sorted(Path(model_dir).glob("*.safetensors")), f"rank {rank}: no weights in {model_dir}"
+    dist.destroy_process_group()
+
+
+@pytest.mark.integration
+def test_two_ranks_on_a_fresh_machine_both_load_the_embedded_target(smollm2_cfg, tmp_path):
+    """`accelerate launch` with two ranks and an empty cache: rank 1 converts (transformers >= 5.24
+    writes weights from rank 0 only while torch.distributed is up) and rank 0 waits, then reuses it."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(
+        _resolve_as_rank,
+        args=(smollm2_cfg.name, str(tmp_path / "cache"), str(tmp_path / "init")),
+        nprocs=2,
+    )
+    model_dir = tmp_path / "cache" / "models" / smollm2_cfg.name
+    assert json.loads((model_dir / SOURCE).read_text())["weights"]
