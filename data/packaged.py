@@ -44,7 +44,7 @@ REPO_ASSETS = {
     # And the next 468 (1418-1885, fp32 target): 432 kept, 267k generated tokens.
     "smollm2_replies_fourth": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_fourth.jsonl.gz",
     # The bf16 target's replies to the first ShareGPT conversations again (931 kept of 0-1539),
-    # regenerated on an H200 (docs/study/gpu_recipe.sh): what the shipped head trained on.
+    # regenerated on an H200 (docs/study/gpu_recipe.sh): what the shipped head was first trained on.
     "smollm2_replies_h200": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_h200.jsonl.gz",
     # The bf16 target's greedy replies of at most 128 tokens to the first user turns of ShareGPT
     # conversations 3,000-7,440 (3,991 kept, 444k generated tokens, two CPU ranks in 39 min):

@@ -1,4 +1,5 @@
-"""README.md for the shipped head, from its eval report and the training run's validation metrics.
+"""README.md for a head trained by docs/study/gpu_recipe.sh (the session-19 head), from its eval report
+and the training run's validation metrics. The session-23 card was written by hand.
 
 python docs/study/release_card.py <training pack dir> <eval report.json> <out README> [<eval commit>]
 
