@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import register_flop_formula
 
+from heads.machine import native_bf16
+
 LINEAR_PATHS = ("auto", "packed", "torch")
 Linear = Callable[[torch.Tensor], torch.Tensor]  # [..., in] -> [..., out]
 
@@ -33,7 +35,7 @@ def packing_applies(weight: torch.Tensor) -> bool:
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     if weight.dtype == torch.bfloat16:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return native_bf16(weight.device)
     return weight.dtype == torch.float32
 
 

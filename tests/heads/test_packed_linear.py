@@ -2,6 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from heads.machine import native_bf16
 from heads.packed_linear import PackedLinear, linear_paths, module_linears, packed_forwards, packing_applies
 from heads.target import CachedTarget
 from tests.heads.test_target_forward import FAMILIES, FAMILY_IDS, full_forward
@@ -10,7 +11,7 @@ needs_onednn = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN (CPU builds ship it)"
 )
 needs_native_bf16 = pytest.mark.skipif(
-    not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    not (torch.backends.mkldnn.is_available() and native_bf16(torch.device("cpu"))),
     reason="this CPU has no native bf16 (avx512_bf16 / AMX): bf16 weights stay on torch's path",
 )
 
