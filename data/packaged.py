@@ -50,6 +50,9 @@ REPO_ASSETS = {
     # conversations 3,000-7,440 (3,991 kept, 444k generated tokens, two CPU ranks in 39 min):
     # what the shipped head was fine-tuned on (session 23).
     "smollm2_replies_short": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_short.jsonl.gz",
+    # And to conversations 7,441-15,999, the prefix two CPU ranks finished in 41 min (4,615 kept,
+    # 516k generated tokens): what the shipped head was fine-tuned on next (session 24).
+    "smollm2_replies_short2": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_short2.jsonl.gz",
 }
 
 
