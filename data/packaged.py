@@ -53,6 +53,8 @@ REPO_ASSETS = {
     # And to conversations 7,441-15,999, the prefix two CPU ranks finished in 41 min (4,615 kept,
     # 516k generated tokens): what the shipped head was fine-tuned on next (session 24).
     "smollm2_replies_short2": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_short2.jsonl.gz",
+    # And the rest of 7,441-15,999, finished later on one core (3,056 kept, 341k generated tokens).
+    "smollm2_replies_short3": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_short3.jsonl.gz",
 }
 
 
