@@ -24,7 +24,9 @@ for name in exclude:
             seen.add((record["id"], record["messages"][0]["content"]))
 
 tally = Tally()
-selection = DataConfig(sources=["sharegpt"], skip_conversations=int(start), max_conversations=int(end) - int(start))
+selection = DataConfig(
+    sources=["sharegpt"], skip_conversations=int(start), max_conversations=int(end) - int(start)
+)
 written, already_shipped = 0, 0
 with open(out, "w") as f:
     for conv in select_conversations(selection, tally):
@@ -38,4 +40,6 @@ with open(out, "w") as f:
             f.write(json.dumps(record) + "\n")
             written += 1
 digest = hashlib.sha256(open(out, "rb").read()).hexdigest()
-print(f"{out}: {written} first turns (sha256 {digest}); {already_shipped} already in {exclude}; {tally.to_dict()}")
+print(
+    f"{out}: {written} first turns (sha256 {digest}); {already_shipped} already in {exclude}; {tally.to_dict()}"
+)

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from eval.report import speculation_verdict
 from eval.summary import closing_summary, next_command
 from tests.eval.fake_report import fake_report
 
@@ -37,6 +38,21 @@ def test_summary_of_a_slow_head_says_so_and_points_to_a_longer_run():
     assert "next     a longer run" in text and "train=cpu_recipe" in text and "ngram:4" in text
     assert "exports" not in text and "export gate" not in text
     assert "export.force" not in text
+
+
+def test_the_verdict_says_when_the_timed_decoding_contradicts_the_measured_costs():
+    """Costs timed on a busy machine once said 'pays' beside a decoding at 0.93x plain (session 26)."""
+    report = fake_report()  # AL 1.70 against 1.5, timed at 1.00x plain: no contradiction
+    assert "timed decoding" not in speculation_verdict(report)
+    report["overall"]["speedup_vs_plain"] = 0.93
+    report["costs"]["target_step_ms"] = 237.0
+    verdict = speculation_verdict(report)
+    assert verdict.startswith("speculation pays on this machine")
+    assert "but the timed decoding ran at 0.93x plain" in verdict and "target step of 237 ms" in verdict
+    report["costs"]["break_even_acceptance_length"] = 2.5  # does not pay, and 0.93x agrees
+    assert "timed decoding" not in speculation_verdict(report)
+    report["overall"]["speedup_vs_plain"] = 1.2
+    assert "but the timed decoding ran at 1.20x plain" in speculation_verdict(report)
 
 
 def test_the_advice_to_a_slow_head_fits_its_kind():
