@@ -35,6 +35,7 @@ def fake_report(temperature: float = 0.0, mismatches: int = 0, hf_mismatches: in
     """The report of fake_records, with a break-even AL of 1.5; identity checked on its 3 turns."""
     records = fake_records()
     costs = {
+        "target_step_ms": 40.0,
         "alpha": 0.3,
         "beta": 0.2,
         "break_even_acceptance_length": 1.5,
