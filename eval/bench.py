@@ -61,6 +61,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--head", required=True, type=Path)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--target", default=TargetConfig.name)
+    parser.add_argument(
+        "--dtype",
+        default=TargetConfig.dtype,
+        choices=["float32", "bfloat16"],
+        help="the target's weights (target.dtype): bf16 where the CPU computes it natively (AMX) "
+        "makes a verification cost about one step",
+    )
     parser.add_argument("--tasks", nargs="+", default=["mt_bench", "humaneval", "gsm8k"])
     parser.add_argument("--prompts-per-task", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -96,7 +103,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--adapt-rate", type=float, default=0.05, help="confidence / expected_gain (eval.adapt_rate)"
     )
     args = parser.parse_args(argv)
-    target = Target.load(TargetConfig(name=args.target, device="auto"))
+    target = Target.load(TargetConfig(name=args.target, dtype=args.dtype, device="auto"))
     base = EvalConfig(
         tasks=args.tasks,
         prompts_per_task=args.prompts_per_task,

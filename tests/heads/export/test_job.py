@@ -1,6 +1,7 @@
 """The export stage: the eval gate, export_job's directories, the confidence files, the CLI."""
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eval.verdict import IdentityCheck, write_verdict
+from eval.verdict import IdentityCheck, read_verdict, write_verdict
 from heads.draft_vocab import DraftVocab
 from heads.eagle3 import Eagle3Head, Eagle3Variant
 from heads.export import export_head, export_job, layout_for
@@ -154,6 +155,39 @@ def test_a_verdict_whose_identity_check_failed_is_refused_even_when_forced(tmp_p
         with pytest.raises(GateRefused, match="greedy identity failed .*no setting forces this"):
             export_job(_job(tmp_path, force=force), target, head_dir)
     assert not (tmp_path / "export").exists()
+
+
+def test_hf_generate_is_no_reference_for_a_reduced_precision_target_but_the_plain_loop_is(tmp_path, target):
+    """A bf16 eval's HF mismatches are reported in the card, not gated; its plain loop still gates."""
+    head_dir, _ = _head_dir(tmp_path, target)
+    bf16 = IdentityCheck(
+        turns=16, plain_mismatches=0, hf_mismatches=9, greedy_pass=False, hf_is_reference=False
+    )
+    _write_verdict(tmp_path, overall=2.0, identity=bf16)
+    (path,) = export_job(_job(tmp_path, formats=["vllm"]), target, head_dir)
+    assert (
+        "9 against HF generate (not a reference: the target computes in reduced precision)"
+        in (path / "README.md").read_text()
+    )
+    shutil.rmtree(tmp_path / "export")
+    _write_verdict(tmp_path, overall=2.0, identity=replace(bf16, plain_mismatches=1))
+    with pytest.raises(GateRefused, match="greedy identity failed"):
+        export_job(_job(tmp_path, formats=["vllm"]), target, head_dir)
+
+
+def test_a_verdict_written_before_hf_is_reference_existed_reads_hf_as_a_reference(tmp_path, target):
+    head_dir, _ = _head_dir(tmp_path, target)
+    path = _write_verdict(
+        tmp_path,
+        overall=2.0,
+        identity=IdentityCheck(turns=16, plain_mismatches=0, hf_mismatches=2, greedy_pass=False),
+    )
+    data = json.loads(path.read_text())
+    del data["identity"]["hf_is_reference"]
+    path.write_text(json.dumps(data))
+    assert read_verdict(path).identity.mismatches == 2
+    with pytest.raises(GateRefused, match="greedy identity failed"):
+        export_job(_job(tmp_path), target, head_dir)
 
 
 def test_force_exports_below_the_gate_and_records_it_in_the_card_and_gate_json(tmp_path, target):
