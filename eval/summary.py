@@ -52,6 +52,15 @@ def next_command(
                 f"; on a CPU, also try prompt lookup, alone or beside the head: {CHEAPER_SETTINGS[kind]}, "
                 "and eval.target_linears=compiled (target steps ~1.7x cheaper after minutes of compilation)"
             )
+        if (
+            slow
+            and "amx_bf16" in report["machine"]["simd"]
+            and report["identity"].get("hf_is_reference", True)
+        ):
+            advice += (
+                "; this CPU has AMX: with target.dtype=bfloat16 verifying 8 drafts costs ~1.05 target steps "
+                "(~1.6 in fp32; BENCHMARKS.md, session 27), greedy output then checked against the bf16 plain loop"
+            )
         if refused:
             advice += (
                 "; to export this head anyway (recorded as forced): the same command with export.force=true"

@@ -55,6 +55,14 @@ def fake_report(temperature: float = 0.0, mismatches: int = 0, hf_mismatches: in
         "temperature": temperature,
     }
     report["head"] = {"dir": "outputs/eagle3/head", "kind": "eagle3", "calibrated_dir": None}
+    report["machine"] = {
+        "cpu": "a test CPU",
+        "cores": 2,
+        "simd": ["avx2"],
+        "torch_threads": 2,
+        "gpu": None,
+        "torch": "2.13.0+cpu",
+    }
     identity = IdentityCheck(3, mismatches, hf_mismatches, greedy_pass=temperature > 0)
     report["identity"] = asdict(identity)
     report["greedy_mismatches"], report["greedy_checked_turns"] = identity.mismatches, identity.turns

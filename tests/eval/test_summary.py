@@ -71,6 +71,17 @@ def test_the_advice_to_a_slow_head_fits_its_kind():
     assert "head=medusa train=cpu_recipe" in step and "compare" not in step
 
 
+def test_a_slow_fp32_head_on_an_amx_cpu_is_told_about_bf16():
+    report = fake_report()
+    report["costs"]["break_even_acceptance_length"] = 2.5
+    report["machine"]["simd"] = ["avx2", "avx512f", "avx512_bf16"]
+    assert "target.dtype=bfloat16" not in next_command(report, None, "unused")
+    report["machine"]["simd"].append("amx_bf16")
+    assert "this CPU has AMX: with target.dtype=bfloat16" in next_command(report, None, "unused")
+    report["identity"]["hf_is_reference"] = False  # already bf16
+    assert "target.dtype=bfloat16" not in next_command(report, None, "unused")
+
+
 def test_when_the_gate_refuses_the_next_step_is_a_longer_run_or_a_forced_export():
     report = fake_report()  # pays overall (1.70 > 1.5), but gsm8k (1.25) does not
     step = next_command(report, [], "unused", refused=True)

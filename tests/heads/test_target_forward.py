@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +14,8 @@ from transformers import (
 )
 
 from eval.tree import causal_mask, tree_attention_mask, tree_layout
-from heads.target import CachedTarget, grouped_attention
+from heads.machine import cpu_flags
+from heads.target import CachedTarget, Target, grouped_attention
 from tests.helpers import tiny_llama
 
 MAX_LEN = 32
@@ -220,3 +223,33 @@ def test_a_bf16_target_decodes_as_its_fp32_self_within_bf16_rounding():
         outputs.append(target.forward(prompts, slots.unsqueeze(0), cache, slots, mask).logits.float())
     assert (outputs[1] - outputs[0]).abs().max() < 0.05 * outputs[0].abs().max()
     assert torch.equal(outputs[1].argmax(-1), outputs[0].argmax(-1))
+
+
+@pytest.mark.skipif("amx_bf16" not in cpu_flags(), reason="a property of a CPU with AMX")
+@pytest.mark.parametrize("linears", ["auto", "torch"])
+def test_on_an_amx_cpu_a_bf16_verification_gives_its_decode_steps_logits_bit_for_bit(smollm2_cfg, linears):
+    """Why bf16 speculation is lossless there: k tokens verified in one forward score exactly as k
+    decode steps, so greedy speculative output equals the bf16 plain loop (BENCHMARKS.md, session
+    27). Not so on a CPU with avx512_bf16 but no AMX (session 22: logits up to 0.4 apart)."""
+    target = CachedTarget(Target.load(replace(smollm2_cfg, dtype="bfloat16")).model, linears=linears)
+    torch.manual_seed(0)
+    ids = torch.randint(0, target.config.vocab_size, (1, 41))
+    context, k, max_len = 32, 9, 48
+
+    def prefilled():
+        cache, slots = target.new_cache(1, max_len), torch.arange(context)
+        target.forward(
+            ids[:, :context], slots.unsqueeze(0), cache, slots, causal_mask(0, context, max_len, "cpu")
+        )
+        return cache
+
+    def step(cache, start, length):
+        slots = torch.arange(start, start + length)
+        mask = causal_mask(start, length, max_len, "cpu")
+        return target.forward(ids[:, start : start + length], slots.unsqueeze(0), cache, slots, mask).logits[
+            0
+        ]
+
+    verified, stepped = step(prefilled(), context, k), prefilled()
+    for j in range(k):
+        assert torch.equal(verified[j], step(stepped, context + j, 1)[-1]), f"token {j}"
