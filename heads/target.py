@@ -42,6 +42,7 @@ from transformers import (
 from heads.blocks import last_positions
 from heads.compiled import COMPILED_MAX_TOKENS, compiled_once, frozen_compile
 from heads.kv_cache import KVCache, KVTensors
+from heads.machine import cpu_flags
 from heads.packed_linear import LINEAR_PATHS, Linear, linear_paths
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,8 @@ class TargetConfig:
     # Embedded name, HF model dir or hub id, or a path to a .gguf file.
     name: str = "smollm2-135m-instruct"
     # float32 is the CPU default; bfloat16 halves memory and is ~2x faster on CPUs with
-    # avx512_bf16 (much slower on CPUs without it) and on GPUs.
+    # avx512_bf16 (much slower on CPUs without it) and on GPUs; auto = bfloat16 on a CPU
+    # with AMX, else float32 (`resolve_dtype`).
     dtype: str = "float32"
     # cpu | cuda | cuda:N | auto (cuda when available).
     device: str = "cpu"
@@ -271,6 +273,20 @@ def load_tokenizer(cfg: TargetConfig, model_dir: str | None = None) -> PreTraine
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """target.dtype: auto = bfloat16 on a CPU with AMX, float32 elsewhere.
+
+    Why: there a bf16 verification of 8 drafts costs ~1.05 decode steps (fp32: ~1.6) and scores
+    each token bit for bit as its decode step does (tests/heads/test_target_forward.py), so
+    greedy speculative output equals the bf16 plain loop (BENCHMARKS.md, session 27). With
+    avx512_bf16 but no AMX a verification's logits drift from its steps'; on a GPU they may too."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cpu" and "amx_bf16" in cpu_flags() else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"target.dtype={dtype!r}; choose one of {sorted(DTYPES)} or auto")
+    return DTYPES[dtype]
 
 
 def resolve_device(device: str) -> torch.device:
@@ -536,12 +552,12 @@ class Target(nn.Module):
 
     @classmethod
     def load(cls, cfg: TargetConfig) -> "Target":
-        if cfg.dtype not in DTYPES:
-            raise ValueError(f"target.dtype={cfg.dtype!r}; choose one of {sorted(DTYPES)}")
+        device = resolve_device(cfg.device)
+        dtype = resolve_dtype(cfg.dtype, device)
         start = time.perf_counter()
         model_dir = resolve_model_dir(cfg)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[cfg.dtype])
-        target = cls(model.to(resolve_device(cfg.device)), load_tokenizer(cfg, model_dir))
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        target = cls(model.to(device), load_tokenizer(cfg, model_dir))
         target.model_dir = model_dir
         log.info("target %s loaded in %.1f s", cfg.name, time.perf_counter() - start)
         return target

@@ -100,7 +100,9 @@ def run(job: JobConfig) -> dict:
             dtype = "bfloat16" if native_bf16(target.device) else None
         with whole_target_weights(accelerator):
             writer = (
-                target if dtype in (None, job.target.dtype) else Target.load(replace(job.target, dtype=dtype))
+                target
+                if dtype in (None, str(target.dtype).removeprefix("torch."))
+                else Target.load(replace(job.target, dtype=dtype))
             )
         data_cfg = regenerate_data(
             data_cfg,

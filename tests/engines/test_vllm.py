@@ -67,7 +67,7 @@ def _trained_head(kind: str, root: Path) -> Path:
             config_name="config",
             overrides=[
                 f"head={kind}", "head.confidence=false", *([f"head.medusa_heads={K}"] if kind == "medusa" else []),
-                *([f"head.block_size={K + 1}"] if kind == "dflash" else []), "data.max_conversations=96", "data.max_length=256",
+                *([f"head.block_size={K + 1}"] if kind == "dflash" else []), "target.dtype=float32", "data.max_conversations=96", "data.max_length=256",
                 "data.val_fraction=0", "train.max_steps=40", "train.batch_size=2", "train.warmup_steps=4",
                 "train.lr=3e-3", "train.precision=fp32", "train.log_every=10", "train.checkpoint_every=1000", "wandb.mode=disabled",
                 "stages=[prepare,train]", f"run_dir={root}",
