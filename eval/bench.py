@@ -64,9 +64,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--dtype",
         default=TargetConfig.dtype,
-        choices=["float32", "bfloat16"],
-        help="the target's weights (target.dtype): bf16 where the CPU computes it natively (AMX) "
-        "makes a verification cost about one step",
+        choices=["float32", "bfloat16", "auto"],
+        help="the target's weights (target.dtype; auto = bf16 on a CPU with AMX, where a "
+        "verification costs about one decode step, else fp32)",
     )
     parser.add_argument("--tasks", nargs="+", default=["mt_bench", "humaneval", "gsm8k"])
     parser.add_argument("--prompts-per-task", type=int, default=8)

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--target", default=TargetConfig.name)
-    parser.add_argument("--dtype", default=TargetConfig.dtype, choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default=TargetConfig.dtype, choices=["float32", "bfloat16", "auto"])
     parser.add_argument("--contexts", nargs="+", type=int, default=[256, 1024])
     parser.add_argument("--tokens", nargs="+", type=int, default=[1, 2, 3, 5, 9, 17])
     parser.add_argument("--reps", type=int, default=15)
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     paths = tuple(args.paths)
     curve = verify_curve(target, args.contexts, args.tokens, args.reps, paths)
     print(
-        f"{machine_line()}; {args.dtype}; median of {args.reps}; k = tokens in the forward (K drafts + 1)\n"
+        f"{machine_line()}; {str(target.model.dtype).removeprefix('torch.')}; median of {args.reps}; k = tokens in the forward (K drafts + 1)\n"
     )
     print("| linears | context | " + " | ".join(f"k={k}" for k in args.tokens) + " |")
     print("|---|---|" + "---|" * len(args.tokens))
