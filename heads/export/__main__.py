@@ -84,7 +84,7 @@ def export_main(argv: list[str]) -> Path:
         args.verdict, args.head, args.min_acceptance_length, args.force, "--min-acceptance-length", "--force"
     )
     target = Target.load(TargetConfig(name=args.target))
-    weights = TargetWeights.from_target(target).cpu()
+    weights = TargetWeights.from_target(target).for_export()
     head = load_head(
         args.head,
         embed_weight=weights.embed_weight,

@@ -21,7 +21,7 @@ def import_head(
     """One of our heads, built from an engine-format drafter directory."""
     path = Path(path)
     kind = kind or detect_kind(read_config(path), format_name, str(path))
-    return read_layout(path, layout_for(kind, format_name), target.cpu())
+    return read_layout(path, layout_for(kind, format_name), target.for_export())
 
 
 def import_to_head_dir(

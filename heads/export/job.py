@@ -99,7 +99,7 @@ def export_job(job, target, head_dir: str | Path) -> list[Path]:
     layouts = [layout_for(kind, name) for name in names]  # every name checked before any write
     verdict_path = Path(job.run_dir) / "eval" / VERDICT_FILE
     decision = gate(verdict_path, head_dir, job.export.min_acceptance_length, job.export.force)
-    weights = TargetWeights.from_target(target).cpu()
+    weights = TargetWeights.from_target(target).for_export()
     head = load_head(
         head_dir,
         embed_weight=weights.embed_weight,

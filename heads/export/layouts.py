@@ -49,10 +49,16 @@ class TargetWeights:
         """From a Hugging Face causal LM."""
         return cls(model.config, model.get_input_embeddings().weight, model.get_output_embeddings().weight)
 
-    def cpu(self) -> "TargetWeights":
-        """Exports are written and checked on the CPU, wherever the target runs."""
+    def for_export(self) -> "TargetWeights":
+        """On the CPU in fp32: exports are written and checked there, wherever and in whatever
+        dtype the target runs. A head computes in its own dtype (fp32 as trained) and a layout
+        rebuilds it whole in that dtype, so a bf16 target's embedding beside the loaded head
+        would round the probe's inputs unlike the rebuilt head's (the bf16 values, upcast, are
+        exact)."""
         return TargetWeights(
-            self.config, self.embed_weight.detach().cpu(), self.lm_head_weight.detach().cpu()
+            self.config,
+            self.embed_weight.detach().cpu().float(),
+            self.lm_head_weight.detach().cpu().float(),
         )
 
 

@@ -83,6 +83,17 @@ def test_by_default_each_head_kind_exports_to_its_own_engines_layouts(tmp_path, 
     assert export_job(_job(tmp_path), target, head_dir) == [tmp_path / "export" / name for name in formats]
 
 
+def test_a_head_for_a_bf16_target_exports_and_validates(tmp_path):
+    """The job's target in bf16 (target.dtype=auto on a CPU with AMX): the head is checked as the
+    export rebuilds it, in its own dtype, not beside a bf16 embedding."""
+    model = tiny_llama(num_layers=4, vocab_size=128, hidden_size=32).to(torch.bfloat16)
+    target = Target.from_pretrained_model(model, tiny_tokenizer(128))
+    head_dir, _ = _head_dir(tmp_path, target)
+    _write_verdict(tmp_path, overall=2.0)
+    paths = export_job(_job(tmp_path), target, head_dir)
+    assert [path.name for path in paths] == ["sglang", "vllm", "speculators"]
+
+
 def test_the_gate_refuses_without_a_verdict(tmp_path, target):
     head_dir, _ = _head_dir(tmp_path, target)
     with pytest.raises(GateRefused, match="no eval verdict"):
