@@ -45,6 +45,7 @@ def launch(job, accelerate_config: str, *overrides: str, env: dict[str, str] | N
     settings = [
         f"target.name={job.target.name}",
         "target.device=cpu",
+        f"target.dtype={job.target.dtype}",
         f"data.sources=[{job.data.sources[0]}]",
         f"data.max_length={job.data.max_length}",
         "data.max_conversations=null",
