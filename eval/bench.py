@@ -100,6 +100,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="the target's Linear path (eval.target_linears)",
     )
     parser.add_argument(
+        "--verification",
+        default="token",
+        choices=["token", "block"],
+        help="sampled chains: token-wise or block verification (eval.verification)",
+    )
+    parser.add_argument(
         "--adapt-rate", type=float, default=0.05, help="confidence / expected_gain (eval.adapt_rate)"
     )
     args = parser.parse_args(argv)
@@ -115,6 +121,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cuda_graphs=args.cuda_graphs,
         target_linears=args.target_linears,
         adapt_rate=args.adapt_rate,
+        verification=args.verification,
     )
     for setting in args.settings:
         parse_setting(setting)  # a typo fails here, not after the first temperature's run
