@@ -293,6 +293,13 @@ def evaluate(
     """Run the eval; write report.json/.md, records.jsonl and plots to out_dir; return the JSON path."""
     if cfg.target_linears not in TARGET_LINEARS:
         raise ValueError(f"eval.target_linears={cfg.target_linears!r}: choose one of {TARGET_LINEARS}")
+    if cfg.target_linears == "compiled" and target.device.type == "cpu" and target.dtype != torch.float32:
+        raise ValueError(
+            f"eval.target_linears=compiled with a {str(target.dtype).removeprefix('torch.')} target on a "
+            "CPU: the compiled forward scores a verification's tokens unlike their decode steps in reduced "
+            "precision (BENCHMARKS.md, session 27), so greedy output would leave the plain loop's; use "
+            "eval.target_linears=auto (in bf16 on a CPU with AMX a verification costs ~1 step there)"
+        )
     head = load_trained_head(target, head_dir)
     kind = read_head_config(head_dir)["kind"]
     confidence = load_confidence(head_dir, embed_weight=target.embed_weight)
@@ -377,6 +384,7 @@ def evaluate(
     report["calibration"] = calibration
     report["settings"] = dataclasses.asdict(cfg)
     report["machine"] = describe_machine()  # every time and cost above is this machine's
+    report["target_dtype"] = str(target.dtype).removeprefix("torch.")
     report["head"] = {
         "dir": str(head_dir),
         "kind": kind,

@@ -47,16 +47,14 @@ def next_command(
     if slow or refused:
         recipe = LONGER_RECIPE if kind == "eagle3" else LONGER_RECIPE.replace("train=", f"head={kind} train=")
         advice = f"a longer run on more of the target's own replies (~80 min on a 2-core CPU): {recipe}"
+        fp32 = report.get("target_dtype", "float32") == "float32"
         if slow and kind in CHEAPER_SETTINGS:
             advice += (
-                f"; on a CPU, also try prompt lookup, alone or beside the head: {CHEAPER_SETTINGS[kind]}, "
-                "and eval.target_linears=compiled (target steps ~1.7x cheaper after minutes of compilation)"
+                f"; on a CPU, also try prompt lookup, alone or beside the head: {CHEAPER_SETTINGS[kind]}"
             )
-        if (
-            slow
-            and "amx_bf16" in report["machine"]["simd"]
-            and report["identity"].get("hf_is_reference", True)
-        ):
+            if fp32:  # refused for a bf16 target (eval.run.evaluate)
+                advice += ", and eval.target_linears=compiled (target steps ~1.7x cheaper after minutes of compilation)"
+        if slow and fp32 and "amx_bf16" in report["machine"]["simd"]:
             advice += (
                 "; this CPU has AMX: with target.dtype=bfloat16 verifying 8 drafts costs ~1.05 target steps "
                 "(~1.6 in fp32; BENCHMARKS.md, session 27), greedy output then checked against the bf16 plain loop"

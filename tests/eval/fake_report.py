@@ -55,6 +55,7 @@ def fake_report(temperature: float = 0.0, mismatches: int = 0, hf_mismatches: in
         "temperature": temperature,
     }
     report["head"] = {"dir": "outputs/eagle3/head", "kind": "eagle3", "calibrated_dir": None}
+    report["target_dtype"] = "float32"
     report["machine"] = {
         "cpu": "a test CPU",
         "cores": 2,

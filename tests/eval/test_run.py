@@ -161,6 +161,18 @@ def test_eval_refuses_a_head_trained_for_another_target(make_job, tmp_path):
         Target.load(job.target).check_head_dir(head_dir)
 
 
+def test_a_compiled_forward_of_a_bf16_target_on_a_cpu_is_refused_before_decoding(tmp_path):
+    import torch
+
+    from eval.run import EvalConfig, evaluate
+    from heads.target import Target
+    from tests.helpers import tiny_llama, tiny_tokenizer
+
+    target = Target.from_pretrained_model(tiny_llama().to(torch.bfloat16), tiny_tokenizer())
+    with pytest.raises(ValueError, match="eval.target_linears=compiled with a bfloat16 target on a CPU"):
+        evaluate(target, tmp_path / "head", EvalConfig(target_linears="compiled"), tmp_path / "eval")
+
+
 def test_bench_ranks_settings_on_the_same_interleaved_turns(make_job, prompts_jsonl, tmp_path):
     from eval.bench import run_bench, table
     from eval.run import EvalConfig, parse_setting

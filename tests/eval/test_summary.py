@@ -78,8 +78,9 @@ def test_a_slow_fp32_head_on_an_amx_cpu_is_told_about_bf16():
     assert "target.dtype=bfloat16" not in next_command(report, None, "unused")
     report["machine"]["simd"].append("amx_bf16")
     assert "this CPU has AMX: with target.dtype=bfloat16" in next_command(report, None, "unused")
-    report["identity"]["hf_is_reference"] = False  # already bf16
-    assert "target.dtype=bfloat16" not in next_command(report, None, "unused")
+    report["target_dtype"] = "bfloat16"  # already; and compiled linears are refused in bf16
+    step = next_command(report, None, "unused")
+    assert "target.dtype=bfloat16" not in step and "compiled" not in step and "ngram:4" in step
 
 
 def test_when_the_gate_refuses_the_next_step_is_a_longer_run_or_a_forced_export():
