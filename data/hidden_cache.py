@@ -23,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from heads.target import Target
+from heads.target import Target, dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def _identity(target: Target, layer_ids: Sequence[int], rows) -> dict:
         "tokenizer_hash": target.tokenizer_hash,
         "weights": target.weights_fingerprint(),
         "layer_ids": list(layer_ids),
-        "dtype": str(target.dtype).removeprefix("torch."),
+        "dtype": dtype_name(target.dtype),
         "hidden_size": target.hidden_size,
         "rows": len(rows),
         "max_length": max((len(row["input_ids"]) for row in rows), default=0),

@@ -22,7 +22,7 @@ import torch
 from eval.baselines import hf_generate
 from eval.plain_decoder import PlainDecoder
 from heads.machine import machine_line
-from heads.target import TARGET_LINEARS, Target, TargetConfig
+from heads.target import TARGET_LINEARS, Target, TargetConfig, dtype_name
 
 PATHS = ("torch", "auto")  # the reference, then what the decoders use by default
 NAMES = {"auto": "prepacked"}
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     paths = tuple(args.paths)
     curve = verify_curve(target, args.contexts, args.tokens, args.reps, paths)
     print(
-        f"{machine_line()}; {str(target.model.dtype).removeprefix('torch.')}; median of {args.reps}; k = tokens in the forward (K drafts + 1)\n"
+        f"{machine_line()}; {dtype_name(target.model.dtype)}; median of {args.reps}; k = tokens in the forward (K drafts + 1)\n"
     )
     print("| linears | context | " + " | ".join(f"k={k}" for k in args.tokens) + " |")
     print("|---|---|" + "---|" * len(args.tokens))

@@ -60,7 +60,7 @@ from eval.verify import SamplingParams
 from heads.confidence import load_confidence
 from heads.machine import describe_machine
 from heads.registry import head_digest, load_head, read_head_config
-from heads.target import TARGET_LINEARS, Target, TargetConfig
+from heads.target import TARGET_LINEARS, Target, TargetConfig, dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +295,7 @@ def evaluate(
         raise ValueError(f"eval.target_linears={cfg.target_linears!r}: choose one of {TARGET_LINEARS}")
     if cfg.target_linears == "compiled" and target.device.type == "cpu" and target.dtype != torch.float32:
         raise ValueError(
-            f"eval.target_linears=compiled with a {str(target.dtype).removeprefix('torch.')} target on a "
+            f"eval.target_linears=compiled with a {dtype_name(target.dtype)} target on a "
             "CPU: the compiled forward scores a verification's tokens unlike their decode steps in reduced "
             "precision (BENCHMARKS.md, session 27), so greedy output would leave the plain loop's; use "
             "eval.target_linears=auto (in bf16 on a CPU with AMX a verification costs ~1 step there)"
@@ -349,7 +349,7 @@ def evaluate(
     records: dict[str, list[Record]] = {name: [] for name in decoders}
     baselines = [m for m in runner.methods if m not in decoders]
     mismatches = {PLAIN: 0, HF_GREEDY: 0}
-    hf_is_reference = target.model.dtype == torch.float32
+    hf_is_reference = target.dtype == torch.float32
     turns = sum(len(p.turns) for p in prompts)
     with tqdm(total=turns, desc=f"eval ({', '.join(cfg.tasks)})") as bar:
         for prompt in prompts:
@@ -384,7 +384,7 @@ def evaluate(
     report["calibration"] = calibration
     report["settings"] = dataclasses.asdict(cfg)
     report["machine"] = describe_machine()  # every time and cost above is this machine's
-    report["target_dtype"] = str(target.dtype).removeprefix("torch.")
+    report["target_dtype"] = dtype_name(target.dtype)
     report["head"] = {
         "dir": str(head_dir),
         "kind": kind,

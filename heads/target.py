@@ -50,6 +50,13 @@ log = logging.getLogger(__name__)
 TARGET_IDENTITY = "target.json"  # beside a trained head: the target it was trained for
 SOURCE = "source.json"  # provenance + weight hashes of a converted GGUF
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as target.dtype names it (torch.bfloat16 -> "bfloat16")."""
+    return str(dtype).removeprefix("torch.")
+
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 

@@ -73,7 +73,7 @@ def run(job: JobConfig) -> dict:
     from data.prepare import data_cache_root, default_out_dir, prepare_dataset, select_conversations
     from data.regenerate import regenerate_data
     from heads.machine import native_bf16
-    from heads.target import Target
+    from heads.target import Target, dtype_name
     from train.trainer import make_accelerator, runs_on_cpu, train, whole_target_weights
 
     check_stages(job.stages)
@@ -101,7 +101,7 @@ def run(job: JobConfig) -> dict:
         with whole_target_weights(accelerator):
             writer = (
                 target
-                if dtype in (None, str(target.dtype).removeprefix("torch."))
+                if dtype in (None, dtype_name(target.dtype))
                 else Target.load(replace(job.target, dtype=dtype))
             )
         data_cfg = regenerate_data(
