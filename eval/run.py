@@ -298,7 +298,7 @@ def evaluate(
             f"eval.target_linears=compiled with a {dtype_name(target.dtype)} target on a "
             "CPU: the compiled forward scores a verification's tokens unlike their decode steps in reduced "
             "precision (BENCHMARKS.md, session 27), so greedy output would leave the plain loop's; use "
-            "eval.target_linears=auto (in bf16 on a CPU with AMX a verification costs ~1 step there)"
+            "eval.target_linears=auto (in bf16 on a CPU with native bf16 a verification costs ~1-1.4 steps there)"
         )
     head = load_trained_head(target, head_dir)
     kind = read_head_config(head_dir)["kind"]

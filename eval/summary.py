@@ -54,10 +54,11 @@ def next_command(
             )
             if fp32:  # refused for a bf16 target (eval.run.evaluate)
                 advice += ", and eval.target_linears=compiled (target steps ~1.7x cheaper after minutes of compilation)"
-        if slow and fp32 and "amx_bf16" in report["machine"]["simd"]:
+        if slow and fp32 and {"amx_bf16", "avx512_bf16"} & set(report["machine"]["simd"]):
             advice += (
-                "; this CPU has AMX: with target.dtype=bfloat16 verifying 8 drafts costs ~1.05 target steps "
-                "(~1.6 in fp32; BENCHMARKS.md, session 27), greedy output then checked against the bf16 plain loop"
+                "; this CPU computes bf16 natively: with target.dtype=bfloat16 verifying 8 drafts costs "
+                "~1.05-1.4 target steps (~1.6-2.1 in fp32; BENCHMARKS.md, sessions 27-28), greedy output "
+                "then checked against the bf16 plain loop"
             )
         if refused:
             advice += (

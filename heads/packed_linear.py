@@ -66,6 +66,34 @@ def _packed_linear_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> i
     return 2 * rows * w_shape[0] * w_shape[1]
 
 
+# The rows a one-row product is computed as: 2-64 rows sum alike on the CPUs measured, and a
+# decode step with 4 costs ~1.01 unwidened steps where 2 cost 1.09-1.18 (BENCHMARKS.md, session 28).
+WIDENED_ROWS = 4
+
+
+class WidenedOneRow:
+    """A Linear whose one-row products are computed as WIDENED_ROWS copies of the row, the copies
+    dropped.
+
+    Why: a bf16 product on a CPU sums its terms in an order oneDNN picks by the row count, and
+    the one-row order can differ from the order every count from two up shares: on an AMD EPYC
+    with avx512_bf16 (no AMX), SmolLM2's down projection (1,536 inputs) rounds ~1 in 10^4 outputs
+    of a one-row product one bf16 step apart from the same row in a product of 2-64 rows, and a
+    decode step then scores other logits than a verification of the same tokens (up to 0.4
+    apart, enough to flip a greedy argmax; BENCHMARKS.md, sessions 22 and 28). A few rows cost
+    what one does: the product streams the same weights.
+    """
+
+    def __init__(self, linear: Linear):
+        self.linear = linear
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() != x.shape[-1]:
+            return self.linear(x)
+        # Real copies: a stride-0 view of one row sends oneDNN and torch down slow paths (5x).
+        return self.linear(torch.cat((x,) * WIDENED_ROWS, dim=-2))[..., :1, :]
+
+
 def _plain(module: nn.Linear) -> bool:
     return type(module).forward is nn.Linear.forward
 

@@ -42,8 +42,8 @@ from transformers import (
 from heads.blocks import last_positions
 from heads.compiled import COMPILED_MAX_TOKENS, compiled_once, frozen_compile
 from heads.kv_cache import KVCache, KVTensors
-from heads.machine import cpu_flags
-from heads.packed_linear import LINEAR_PATHS, Linear, linear_paths
+from heads.machine import native_bf16
+from heads.packed_linear import LINEAR_PATHS, Linear, WidenedOneRow, linear_paths
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class TargetConfig:
     name: str = "smollm2-135m-instruct"
     # float32 is the CPU default; bfloat16 halves memory and is ~2x faster on CPUs with
     # avx512_bf16 (much slower on CPUs without it) and on GPUs; auto = bfloat16 on a CPU
-    # with AMX, else float32 (`resolve_dtype`).
+    # with native bf16 (AMX or avx512_bf16), else float32 (`resolve_dtype`).
     dtype: str = "float32"
     # cpu | cuda | cuda:N | auto (cuda when available).
     device: str = "cpu"
@@ -283,14 +283,16 @@ def load_tokenizer(cfg: TargetConfig, model_dir: str | None = None) -> PreTraine
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """target.dtype: auto = bfloat16 on a CPU with AMX, float32 elsewhere.
+    """target.dtype: auto = bfloat16 on a CPU that computes bf16 natively (AMX or avx512_bf16),
+    float32 elsewhere.
 
-    Why: there a bf16 verification of 8 drafts costs ~1.05 decode steps (fp32: ~1.6) and scores
-    each token bit for bit as its decode step does (tests/heads/test_target_forward.py), so
-    greedy speculative output equals the bf16 plain loop (BENCHMARKS.md, session 27). With
-    avx512_bf16 but no AMX a verification's logits drift from its steps'; on a GPU they may too."""
+    Why: there a bf16 verification of 8 drafts costs ~1.05-1.4 decode steps (fp32: ~1.6-2.1) and
+    scores each token bit for bit as its decode step does (tests/heads/test_target_forward.py),
+    so greedy speculative output equals the bf16 plain loop (BENCHMARKS.md, sessions 27-28).
+    Without native bf16 torch emulates it (slower than fp32); on a GPU a verification's logits
+    may drift from its steps'."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cpu" and "amx_bf16" in cpu_flags() else torch.float32
+        return torch.bfloat16 if device.type == "cpu" and native_bf16(device) else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"target.dtype={dtype!r}; choose one of {sorted(DTYPES)} or auto")
     return DTYPES[dtype]
@@ -380,7 +382,9 @@ class CachedTarget:
     forward then costs what its work costs), torch = the modules as they are (the reference),
     compiled = the decoder layers of cached forwards over at most COMPILED_MAX_TOKENS tokens
     (decode steps, verifications) through torch.compile with the weights frozen
-    (`compiled_decoder_layers`), everything else as auto.
+    (`compiled_decoder_layers`), everything else as auto. In bf16 / fp16 on a CPU a one-row
+    product runs as several rows, so that a decode step scores each token bit for bit as a
+    verification does (`WidenedOneRow`; tests/heads/test_target_forward.py).
     """
 
     def __init__(self, model: PreTrainedModel, linears: str = "auto"):
@@ -402,6 +406,9 @@ class CachedTarget:
         self.linear: dict[nn.Module, Linear] = linear_paths(
             model, "auto" if linears == "compiled" else linears
         )
+        if self.device.type == "cpu" and self.dtype != torch.float32:
+            # A decode step then sums as a verification of the same token does (WidenedOneRow).
+            self.linear = {module: WidenedOneRow(linear) for module, linear in self.linear.items()}
         self.compiled = compiled_decoder_layers(model) if linears == "compiled" else None
 
     @property

@@ -82,7 +82,7 @@ def compose_job(target_dir: Path, chats: Path, cache_dir: Path, run_dir: Path, *
             overrides=[
                 f"target.name={target_dir}",
                 "target.device=cpu",
-                "target.dtype=float32",  # the figures tests pin; auto is bf16 on a CPU with AMX
+                "target.dtype=float32",  # the figures tests pin; auto is bf16 on a CPU with native bf16
                 f"data.sources=[{chats}]",
                 "data.max_conversations=null",
                 "data.max_length=96",

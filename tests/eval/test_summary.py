@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import pytest
+
 from eval.report import speculation_verdict
 from eval.summary import closing_summary, next_command
 from tests.eval.fake_report import fake_report
@@ -71,13 +73,14 @@ def test_the_advice_to_a_slow_head_fits_its_kind():
     assert "head=medusa train=cpu_recipe" in step and "compare" not in step
 
 
-def test_a_slow_fp32_head_on_an_amx_cpu_is_told_about_bf16():
+@pytest.mark.parametrize("native", ["avx512_bf16", "amx_bf16"])
+def test_a_slow_fp32_head_on_a_native_bf16_cpu_is_told_about_bf16(native):
     report = fake_report()
     report["costs"]["break_even_acceptance_length"] = 2.5
-    report["machine"]["simd"] = ["avx2", "avx512f", "avx512_bf16"]
+    report["machine"]["simd"] = ["avx2", "avx512f"]
     assert "target.dtype=bfloat16" not in next_command(report, None, "unused")
-    report["machine"]["simd"].append("amx_bf16")
-    assert "this CPU has AMX: with target.dtype=bfloat16" in next_command(report, None, "unused")
+    report["machine"]["simd"].append(native)
+    assert "computes bf16 natively: with target.dtype=bfloat16" in next_command(report, None, "unused")
     report["target_dtype"] = "bfloat16"  # already; and compiled linears are refused in bf16
     step = next_command(report, None, "unused")
     assert "target.dtype=bfloat16" not in step and "compiled" not in step and "ngram:4" in step

@@ -3,7 +3,15 @@ import torch
 import torch.nn.functional as F
 
 from heads.machine import native_bf16
-from heads.packed_linear import PackedLinear, linear_paths, module_linears, packed_forwards, packing_applies
+from heads.packed_linear import (
+    WIDENED_ROWS,
+    PackedLinear,
+    WidenedOneRow,
+    linear_paths,
+    module_linears,
+    packed_forwards,
+    packing_applies,
+)
 from heads.target import CachedTarget
 from tests.heads.test_target_forward import FAMILIES, FAMILY_IDS, full_forward
 
@@ -140,8 +148,33 @@ def test_cached_forward_packed_equals_torch_path_in_bf16():
     """A bf16 target packs its Linear layers and computes what the modules compute (bf16 rounding)."""
     model = FAMILIES[0]().to(torch.bfloat16)
     packed, reference = CachedTarget(model), CachedTarget(model, linears="torch")
-    assert all(isinstance(path, PackedLinear) for path in packed.linear.values())
+    assert all(isinstance(path.linear, PackedLinear) for path in packed.linear.values())
     input_ids = torch.randint(0, 128, (1, 11))
     out_packed, _ = full_forward(packed, input_ids, [0, 1])
     out_torch, _ = full_forward(reference, input_ids, [0, 1])
     torch.testing.assert_close(out_packed.logits.float(), out_torch.logits.float(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("shape", [(1, 8), (1, 1, 8), (3, 8), (2, 1, 8), (0, 8)])
+def test_a_widened_one_row_product_runs_as_several_rows(shape):
+    """Only a product of exactly one row is widened; the result has the input's rows."""
+    torch.manual_seed(0)
+    weight = torch.randn(5, 8)
+    seen = []
+
+    def linear(x):
+        seen.append(x.numel() // x.shape[-1])
+        return F.linear(x, weight)
+
+    x = torch.randn(*shape)
+    got = WidenedOneRow(linear)(x)
+    assert got.shape == (*shape[:-1], 5)
+    assert seen == [WIDENED_ROWS if x.numel() == 8 else x.numel() // 8]
+    torch.testing.assert_close(got, F.linear(x, weight), rtol=1e-6, atol=1e-6)
+
+
+def test_a_low_precision_cpu_target_widens_its_one_row_products_and_fp32_does_not():
+    model = FAMILIES[0]()
+    assert not any(isinstance(path, WidenedOneRow) for path in CachedTarget(model).linear.values())
+    low = CachedTarget(model.to(torch.bfloat16))
+    assert all(isinstance(path, WidenedOneRow) for path in low.linear.values())

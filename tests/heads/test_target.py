@@ -180,14 +180,18 @@ def test_corrupted_cache_is_rebuilt(smollm2_cfg, tmp_path):
     assert sha256_file(weights) == recorded != corrupted
 
 
-def test_auto_dtype_is_bf16_on_a_cpu_with_amx_only(monkeypatch):
-    """Where a bf16 verification scores like its decode steps (AMX), not merely where bf16 is native."""
+def test_auto_dtype_is_bf16_on_a_cpu_with_native_bf16_only(monkeypatch):
+    """Where a bf16 verification scores like its decode steps (AMX, or avx512_bf16 with one-row
+    products widened), not where torch emulates bf16, nor on a GPU."""
+    import heads.machine as machine
     import heads.target as target_module
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(target_module, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "avx512f"})
     assert target_module.resolve_dtype("auto", cpu) == torch.float32
-    monkeypatch.setattr(target_module, "cpu_flags", lambda: {"avx512f", "avx512_bf16", "amx_bf16"})
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx512f", "avx512_bf16"})
+    assert target_module.resolve_dtype("auto", cpu) == torch.bfloat16
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx512f", "avx512_bf16", "amx_bf16"})
     assert target_module.resolve_dtype("auto", cpu) == torch.bfloat16
     assert target_module.resolve_dtype("auto", gpu) == torch.float32
     assert target_module.resolve_dtype("float16", cpu) == torch.float16

@@ -14,7 +14,7 @@ from transformers import (
 )
 
 from eval.tree import causal_mask, tree_attention_mask, tree_layout
-from heads.machine import cpu_flags
+from heads.machine import native_bf16
 from heads.target import CachedTarget, Target, grouped_attention
 from tests.helpers import tiny_llama
 
@@ -225,12 +225,16 @@ def test_a_bf16_target_decodes_as_its_fp32_self_within_bf16_rounding():
     assert torch.equal(outputs[1].argmax(-1), outputs[0].argmax(-1))
 
 
-@pytest.mark.skipif("amx_bf16" not in cpu_flags(), reason="a property of a CPU with AMX")
+@pytest.mark.skipif(not native_bf16(torch.device("cpu")), reason="a property of a CPU with native bf16")
 @pytest.mark.parametrize("linears", ["auto", "torch"])
-def test_on_an_amx_cpu_a_bf16_verification_gives_its_decode_steps_logits_bit_for_bit(smollm2_cfg, linears):
-    """Why bf16 speculation is lossless there: k tokens verified in one forward score exactly as k
-    decode steps, so greedy speculative output equals the bf16 plain loop (BENCHMARKS.md, session
-    27). Not so on a CPU with avx512_bf16 but no AMX (session 22: logits up to 0.4 apart)."""
+def test_on_a_native_bf16_cpu_a_bf16_verification_gives_its_decode_steps_logits_bit_for_bit(
+    smollm2_cfg, linears
+):
+    """Why bf16 speculation is lossless on a CPU with AMX or avx512_bf16: k tokens verified in one
+    forward score exactly as k decode steps, so greedy speculative output equals the bf16 plain
+    loop (BENCHMARKS.md, sessions 27 and 28). Without AMX this holds because a step's one-row
+    products run as several rows (heads/packed_linear.py, WidenedOneRow); before that, logits were
+    up to 0.4 apart there (session 22)."""
     target = CachedTarget(Target.load(replace(smollm2_cfg, dtype="bfloat16")).model, linears=linears)
     torch.manual_seed(0)
     ids = torch.randint(0, target.config.vocab_size, (1, 41))

@@ -44,7 +44,7 @@ def _job(tmp_path: Path, *overrides: str):
             config_name="config",
             overrides=[
                 "target.device=cpu",
-                "target.dtype=float32",  # as pinned, on any CPU (auto is bf16 where it has AMX)
+                "target.dtype=float32",  # as pinned, on any CPU (auto is bf16 where it has native bf16)
                 "head.init=random",  # not the shipped head: retraining it must not move the pins
                 "head.draft_vocab_size=1024",
                 "train.ttt_steps=3",

@@ -84,7 +84,7 @@ def test_by_default_each_head_kind_exports_to_its_own_engines_layouts(tmp_path, 
 
 
 def test_a_head_for_a_bf16_target_exports_and_validates(tmp_path):
-    """The job's target in bf16 (target.dtype=auto on a CPU with AMX): the head is checked as the
+    """The job's target in bf16 (target.dtype=auto on a CPU with native bf16): the head is checked as the
     export rebuilds it, in its own dtype, not beside a bf16 embedding."""
     model = tiny_llama(num_layers=4, vocab_size=128, hidden_size=32).to(torch.bfloat16)
     target = Target.from_pretrained_model(model, tiny_tokenizer(128))
