@@ -195,6 +195,40 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def grouped_attention(
+    query: torch.Tensor,  # [B, heads, S, head_dim]
+    key: torch.Tensor,  # [B, kv_heads, L, head_dim]
+    value: torch.Tensor,  # [B, kv_heads, L, head_dim]
+    attn_mask: torch.Tensor,  # [B or 1, 1, S, L] bool, True = attend
+    scale: float,
+) -> torch.Tensor:
+    """Masked attention as two batched matmuls, the query heads sharing a KV head stacked as
+    rows of one product (no per-head copies of K/V), softmax in fp32: [B, heads, S, head_dim].
+
+    Why: on a CPU, torch's fused attention kernel runs bf16 / fp16 several times slower than
+    fp32 while the matmuls run bf16 natively: a 64-row decode step of the embedded target in bf16
+    spent 88% of its time there, 2.4x fp32's step; with this, bf16 regenerates 1.3x faster than
+    fp32 (BENCHMARKS.md, session 11); a bf16 draft head's attention 0.52 -> ~0.2 ms a step
+    (session 28). fp32 keeps the fused kernel, faster there."""
+    batch, heads, length, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    rows = query.reshape(batch, kv_heads, group * length, dim)  # head h = kv head h // group
+    # K times the queries, not the queries times K^T: K is a slice of the cache, and torch's CPU
+    # bf16 matmul copies a strided K^T whole (3x the time of the product), not a strided K.
+    scores = torch.matmul(key, rows.transpose(-1, -2)).transpose(-1, -2).float() * scale  # [B, kv, gS, L]
+    mask = attn_mask.unsqueeze(2).expand(-1, -1, group, -1, -1).reshape(-1, 1, group * length, kv_len)
+    probs = torch.softmax(scores.masked_fill(~mask, -torch.inf), dim=-1).to(value.dtype)
+    return torch.matmul(probs, value).reshape(batch, heads, length, dim)
+
+
+def grouped_attention_applies(query: torch.Tensor) -> bool:
+    """Where `grouped_attention` beats torch's fused kernel: reduced precision on a CPU. Callers
+    take it for cached decoding only: a whole row without a cache would materialise [S, S]
+    scores per head."""
+    return query.device.type == "cpu" and query.dtype != torch.float32
+
+
 class Attention(nn.Module):
     """GQA self-attention with RoPE at explicit positions, an explicit bool mask and a static cache.
 
@@ -266,6 +300,8 @@ class Attention(nn.Module):
         q, k, v = self.project(x, positions)
         if cache is not None:
             k, v = cache.update(cache_positions, k, v)
+            if grouped_attention_applies(q):
+                return self.output(grouped_attention(q, k, v, mask, self.head_dim**-0.5))
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.output(attended)
 

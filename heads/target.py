@@ -39,7 +39,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from heads.blocks import last_positions
+from heads.blocks import grouped_attention, grouped_attention_applies, last_positions
 from heads.compiled import COMPILED_MAX_TOKENS, compiled_once, frozen_compile
 from heads.kv_cache import KVCache, KVTensors
 from heads.machine import native_bf16
@@ -327,32 +327,6 @@ def _sliding_window(config, layer_idx: int) -> int | None:
     return getattr(config, "sliding_window", None)
 
 
-def grouped_attention(
-    query: torch.Tensor,  # [B, heads, S, head_dim]
-    key: torch.Tensor,  # [B, kv_heads, L, head_dim]
-    value: torch.Tensor,  # [B, kv_heads, L, head_dim]
-    attn_mask: torch.Tensor,  # [B or 1, 1, S, L] bool, True = attend
-    scale: float,
-) -> torch.Tensor:
-    """Masked attention as two batched matmuls, the query heads sharing a KV head stacked as
-    rows of one product (no per-head copies of K/V), softmax in fp32: [B, heads, S, head_dim].
-
-    Why: on a CPU, torch's fused attention kernel runs bf16 / fp16 several times slower than
-    fp32 while the matmuls run bf16 natively: a 64-row decode step of the embedded target in bf16
-    spent 88% of its time there, 2.4x fp32's step; with this, bf16 regenerates 1.3x faster than
-    fp32 (BENCHMARKS.md, session 11). fp32 keeps the fused kernel, faster there."""
-    batch, heads, length, dim = query.shape
-    kv_heads, kv_len = key.shape[1], key.shape[2]
-    group = heads // kv_heads
-    rows = query.reshape(batch, kv_heads, group * length, dim)  # head h = kv head h // group
-    # K times the queries, not the queries times K^T: K is a slice of the cache, and torch's CPU
-    # bf16 matmul copies a strided K^T whole (3x the time of the product), not a strided K.
-    scores = torch.matmul(key, rows.transpose(-1, -2)).transpose(-1, -2).float() * scale  # [B, kv, gS, L]
-    mask = attn_mask.unsqueeze(2).expand(-1, -1, group, -1, -1).reshape(-1, 1, group * length, kv_len)
-    probs = torch.softmax(scores.masked_fill(~mask, -torch.inf), dim=-1).to(value.dtype)
-    return torch.matmul(probs, value).reshape(batch, heads, length, dim)
-
-
 TARGET_LINEARS = (*LINEAR_PATHS, "compiled")
 
 
@@ -465,8 +439,7 @@ class CachedTarget:
             keys, values = cache.update(cache_positions, key, value)
             kv_len = attn_mask.shape[-1]  # attend to cache slots 0 .. L - 1 only
             key, value = keys[:, :, :kv_len], values[:, :, :kv_len]
-        # Decoding steps only: a whole row without a cache would materialise [S, S] scores per head.
-        if cache is not None and query.device.type == "cpu" and query.dtype != torch.float32:
+        if cache is not None and grouped_attention_applies(query):
             out = grouped_attention(query, key, value, attn_mask, attention.scaling)
         else:
             out = F.scaled_dot_product_attention(

@@ -15,6 +15,7 @@ from heads.blocks import (
     RMSNorm,
     RotaryEmbedding,
     causal_mask,
+    grouped_attention,
     inverse_frequencies,
     rope_from_config,
 )
@@ -165,6 +166,27 @@ def test_cached_attention_over_a_prefix_then_one_token_equals_the_full_forward()
     last_mask = (slots <= prefix)[None, None, None]
     cached_last = attention(x[:, prefix:], positions[:, prefix:], last_mask, cache, torch.tensor([prefix]))
     torch.testing.assert_close(torch.cat([cached_prefix, cached_last], 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_a_bf16_cached_attention_takes_grouped_attention_within_bf16_rounding(monkeypatch):
+    """A draft head's cached steps in bf16 on a CPU run `grouped_attention` (cheaper than torch's
+    fused kernel there) and give the fp32 module's output up to bf16 rounding."""
+    import heads.blocks as blocks
+
+    torch.manual_seed(0)
+    geometry = LayerGeometry.from_config(tiny_llama_config())
+    attention = Attention(geometry).eval()
+    batch, seq, max_len = 2, 6, 16
+    x, positions = torch.randn(batch, seq, geometry.hidden_size), torch.arange(seq).expand(batch, seq)
+    mask = (torch.arange(max_len)[None, :] <= torch.arange(seq)[:, None])[None, None]
+    outputs, calls = [], []
+    monkeypatch.setattr(blocks, "grouped_attention", lambda *a: calls.append(1) or grouped_attention(*a))
+    for dtype in (torch.float32, torch.bfloat16):
+        module = attention.to(dtype)
+        cache = KVCache(batch, geometry.num_key_value_heads, max_len, geometry.head_dim, dtype)
+        outputs.append(module(x.to(dtype), positions, mask, cache, torch.arange(seq)).float())
+    assert len(calls) == 1  # bf16 only
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=0.05, atol=0.05)
 
 
 def test_resblock_starts_as_residual_plus_bias():

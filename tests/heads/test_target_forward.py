@@ -14,8 +14,9 @@ from transformers import (
 )
 
 from eval.tree import causal_mask, tree_attention_mask, tree_layout
+from heads.blocks import grouped_attention
 from heads.machine import native_bf16
-from heads.target import CachedTarget, Target, grouped_attention
+from heads.target import CachedTarget, Target
 from tests.helpers import tiny_llama
 
 MAX_LEN = 32
