@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from eval.report import greedy_check, speculation_verdict
+from heads.machine import NATIVE_BF16_FLAGS
 
 # The longer run on the target's own replies: ~80 minutes on a 2-core CPU (BENCHMARKS.md).
 LONGER_RECIPE = "accelerate launch train/run.py train=cpu_recipe run_dir=outputs/cpu_recipe"
@@ -54,7 +55,7 @@ def next_command(
             )
             if fp32:  # refused for a bf16 target (eval.run.evaluate)
                 advice += ", and eval.target_linears=compiled (target steps ~1.7x cheaper after minutes of compilation)"
-        if slow and fp32 and {"amx_bf16", "avx512_bf16"} & set(report["machine"]["simd"]):
+        if slow and fp32 and NATIVE_BF16_FLAGS & set(report["machine"]["simd"]):
             advice += (
                 "; this CPU computes bf16 natively: with target.dtype=bfloat16 verifying 8 drafts costs "
                 "~1.05-1.4 target steps (~1.6-2.1 in fp32; BENCHMARKS.md, sessions 27-28), greedy output "

@@ -10,6 +10,8 @@ import torch
 
 # The CPU features that change what is fast here (fp32 matmul width, native bf16).
 SIMD_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+# Either one: the CPU computes bf16 natively (elsewhere torch emulates it).
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
 def _cpuinfo(field: str) -> list[str]:
@@ -31,8 +33,7 @@ def native_bf16(device: torch.device) -> bool:
     or avx512_bf16 (elsewhere torch emulates bf16 on the CPU, ~25x slower than fp32)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    flags = cpu_flags()
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    return bool(NATIVE_BF16_FLAGS & cpu_flags())
 
 
 def cpu_model() -> str:
