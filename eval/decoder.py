@@ -154,7 +154,9 @@ class SpeculativeDecoder:
             if proposal.confidence_logits is not None:
                 confidence.append(ConfidenceRecord(proposal.confidence_logits, accepted))
             new_tokens, kept_accepted = _cut_at_eos(new_tokens, accepted, self.plain.eos)
-            counters.record_round(proposal.num_drafts, kept_accepted, len(new_tokens), proposed_positions)
+            counters.record_round(
+                proposal.num_drafts, kept_accepted, len(new_tokens), proposed_positions, proposal.drafted
+            )
             tokens += new_tokens
         return Generation(tokens, counters.finish(), tokens[-1] in self.plain.eos, confidence)
 
@@ -234,10 +236,12 @@ class SpeculativeDecoder:
         alpha = one full round of drafting (catch-up of two committed positions, every draft
         step, confidence head, n-gram lookup: the strategy times itself) over one plain target
         step; verify_costs[V] = a chain verification of the root and V drafts over one step
-        (V = 0..K; for trees, one entry: the whole tree); beta = the deepest verification minus
-        one step, over one step. Each ratio is the median over `reps` reps, each rep timing every
-        forward length and a drafting round back to back and dividing by its own one-token step,
-        so a slow spell of the machine cannot bend a ratio. Contexts that do not fit the
+        (V = 0..K; for trees, one entry: the whole tree); draft_costs[D] = a round that drafts D
+        tokens over one step (chains; D = 0..max_drafted, 0 costing nothing, the last = alpha):
+        with the rounds' draft counts they price the rounds as drafted (eval/report.py); beta =
+        the deepest verification minus one step, over one step. Each ratio is the median over
+        `reps` reps, each rep timing every forward length and drafting round back to back and
+        dividing by its own one-token step, so a slow spell of the machine cannot bend a ratio. Contexts that do not fit the
         decoder's max_len are left out (when none fits: the longest that does)."""
         room = self.strategy.verify_room
         fitting = [context for context in contexts if context + room + 2 <= self.plain.max_len]
@@ -253,7 +257,7 @@ class SpeculativeDecoder:
         plain = self.plain
         prompt = torch.randint(0, plain.vocab_size, (1, context), device=self.device)
         base = self._prefill(prompt, GREEDY, None)
-        self.strategy.draft_cost(replace(base))  # the catch-up over the prompt, untimed
+        self.strategy.draft_cost(replace(base), self.strategy.max_drafted)  # the prompt's catch-up, untimed
         catch_up = 2  # positions a round typically commits: a catch-up of that many
         tail = replace(
             base,
@@ -269,11 +273,14 @@ class SpeculativeDecoder:
         room = self.strategy.verify_room
         chain = not isinstance(self.drafting, TreeDrafting | MedusaTreeDrafting)
         lengths = list(range(1, room + 1)) if chain else sorted({1, room})
+        full = self.strategy.max_drafted  # a full round (strategies that cannot count ignore it)
+        shorter = range(1, full) if chain else ()
 
         def one_rep() -> dict:
-            """Seconds of every forward length and of a drafting round, back to back."""
+            """Seconds of every forward length and of every drafting round, back to back."""
             rep = {tokens: timed_forward(tokens) for tokens in lengths}
-            return rep | {"draft": self.strategy.draft_cost(replace(tail))}
+            rep |= {("draft", drafts): self.strategy.draft_cost(replace(tail), drafts) for drafts in shorter}
+            return rep | {"draft": self.strategy.draft_cost(replace(tail), full)}
 
         one_rep()  # warm-up
         reps_timed = [one_rep() for _ in range(reps)]
@@ -296,4 +303,7 @@ class SpeculativeDecoder:
         costs["break_even_acceptance_length"] = 1 + costs["alpha"] + costs["beta"]
         if chain:
             costs["verify_costs"] = [ratio(tokens) for tokens in lengths]
+            costs["draft_costs"] = [0.0, *(ratio(("draft", drafts)) for drafts in shorter)]
+            if full:
+                costs["draft_costs"].append(costs["alpha"])
         return costs

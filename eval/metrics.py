@@ -9,7 +9,8 @@ Counted by the decoder, per request:
   generates n tokens without hitting EOS emits n - 1.
 - `verification_rounds`: target forward passes after the prefill.
 - per position i (draft position i + 1; tree depth i + 1): rounds that proposed a token
-  there and rounds whose accepted path reached it.
+  there, rounds whose accepted path reached it, and rounds whose drafter computed at least
+  i + 1 drafts, verified or not (chain drafting; what prices the rounds as drafted).
 
 Tokens cut by EOS (drafts accepted after an EOS, the correction after it) are neither
 emitted nor accepted. max_new_tokens never cuts: the draft length is capped by the tokens
@@ -30,6 +31,7 @@ class DecodeMetrics:
     verification_rounds: int
     proposed_per_position: list[int]
     accepted_per_position: list[int]
+    drafted_per_position: list[int]
 
     @property
     def acceptance_length(self) -> float:
@@ -65,11 +67,18 @@ class SpecCounters:
         self.totals = torch.zeros(4, dtype=torch.long, device=device)  # proposed, accepted, emitted, rounds
         self.proposed_per_position = torch.zeros(num_positions, dtype=torch.long, device=device)
         self.accepted_per_position = torch.zeros(num_positions, dtype=torch.long, device=device)
+        self.drafted_per_position = torch.zeros(num_positions, dtype=torch.long, device=device)
 
     def record_round(
-        self, proposed: int, accepted: int, emitted: int, proposed_positions: int | torch.Tensor
+        self,
+        proposed: int,
+        accepted: int,
+        emitted: int,
+        proposed_positions: int | torch.Tensor,
+        drafted: int = 0,
     ) -> None:
-        """proposed_positions: a count n (positions 0..n-1, a chain) or a bool mask [P] (tree depths)."""
+        """proposed_positions: a count n (positions 0..n-1, a chain) or a bool mask [P] (tree depths);
+        drafted: the drafts the round's drafter computed (Proposal.drafted)."""
         for index, value in enumerate((proposed, accepted, emitted, 1)):
             self.totals[index] += value
         if isinstance(proposed_positions, int):
@@ -77,6 +86,7 @@ class SpecCounters:
         else:
             self.proposed_per_position += proposed_positions.long()
         self.accepted_per_position[:accepted] += 1
+        self.drafted_per_position[:drafted] += 1
 
     def finish(self) -> DecodeMetrics:
         """Read the counters back: one sync per request."""
@@ -88,4 +98,5 @@ class SpecCounters:
             verification_rounds=rounds,
             proposed_per_position=self.proposed_per_position.tolist(),
             accepted_per_position=self.accepted_per_position.tolist(),
+            drafted_per_position=self.drafted_per_position.tolist(),
         )

@@ -33,6 +33,9 @@ class Record:
     verification_rounds: int
     accepted_by_position: list[int]  # accepted draft tokens at depth 1..K
     proposed_by_position: list[int]  # proposed draft tokens at depth 1..K
+    # rounds whose drafter computed >= 1..K drafts (eval/metrics.py); empty in records written
+    # before it was counted, whose rounds are then priced as full rounds
+    drafted_by_position: list[int] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)  # method -> wall-clock of this turn
     # method -> tokens it generated on this turn (sampled outputs differ in length; greedy
     # ones are identical); a method missing here counts response_tokens.
@@ -104,8 +107,11 @@ def build_report(records: Sequence[Record], methods: Sequence[str], costs: dict 
 
     `costs` holds α (the cost of drafting one round, relative to one plain target step) and
     β (the extra cost of verifying K + 1 tokens over one plain step) measured by the runner.
-    A round then costs 1 + α + β target steps and emits AL tokens, so each group says
-    whether speculation pays there: AL > 1 + α + β (SPEC.md §3 cost model).
+    A full round costs 1 + α + β target steps and emits AL tokens: speculation pays where
+    AL > 1 + α + β (SPEC.md §3 cost model). Where a policy drafts fewer (or no) drafts in some
+    rounds, each round is priced as it ran (`round_cost`), and each group says whether
+    speculation pays there against the mean cost of its own rounds (`break_even_acceptance_length`
+    of the group; `priced_as_drafted` says which of the two prices it is).
     """
     groups: dict[str, dict[str, list[Record]]] = {
         "task": defaultdict(list),
@@ -128,15 +134,54 @@ def build_report(records: Sequence[Record], methods: Sequence[str], costs: dict 
         "methods": list(methods),
     }
     if costs:
-        threshold = costs["break_even_acceptance_length"]
-        for kind in groups:
+        for kind, grouped in groups.items():
             for name, summary in report[kind].items():
-                bucket_threshold = threshold
+                group_costs = costs
                 if kind == "prompt_bucket" and costs.get("buckets"):  # priced at its own context length
-                    bucket_threshold = bucket_costs(name, costs["buckets"])["break_even_acceptance_length"]
-                summary["speculation_pays"] = summary["acceptance_length"] > bucket_threshold
-        report["overall"]["speculation_pays"] = report["overall"]["acceptance_length"] > threshold
+                    group_costs = bucket_costs(name, costs["buckets"])
+                price(summary, grouped[name], group_costs)
+        price(report["overall"], records, costs)
     return report
+
+
+def price(summary: dict, records: Sequence[Record], costs: dict) -> None:
+    """A group's break-even (the mean cost of its rounds as drafted, else a full round's) and
+    whether its AL beats it, into its summary."""
+    as_drafted = round_cost(records, costs)
+    summary["priced_as_drafted"] = as_drafted is not None
+    summary["break_even_acceptance_length"] = (
+        costs["break_even_acceptance_length"] if as_drafted is None else as_drafted
+    )
+    summary["speculation_pays"] = summary["acceptance_length"] > summary["break_even_acceptance_length"]
+
+
+def round_cost(records: Sequence[Record], costs: dict) -> float | None:
+    """The mean cost, in target steps, of these records' rounds, each as it ran: verifying its V
+    proposed drafts (verify_costs[V]) after drafting its D drafts (draft_costs[D]; a round that
+    drafts nothing is a plain step, 1). Plain decoding emits one token per step, so speculation
+    pays where AL beats it; for a policy that always drafts K it is 1 + α + β. None where rounds
+    cannot be priced so: trees and Medusa (one cost, the full tree), costs or records from before
+    draft counts were kept."""
+    verify, draft = costs.get("verify_costs"), costs.get("draft_costs")
+    rounds = sum(r.verification_rounds for r in records)
+    if not verify or not draft or not rounds or any(not r.drafted_by_position for r in records):
+        return None
+    total = sum(
+        _priced(r.proposed_by_position, r.verification_rounds, verify)
+        + _priced(r.drafted_by_position, r.verification_rounds, draft)
+        for r in records
+    )
+    return total / rounds
+
+
+def _priced(at_least: Sequence[int], rounds: int, prices: Sequence[float]) -> float:
+    """Σ over rounds of prices[n], n each round's count, from at_least[i] = rounds whose count
+    exceeds i (the counters' per-position counts)."""
+    reaching = [rounds, *at_least, 0]  # rounds whose count is >= n
+    counts = [reaching[n] - reaching[n + 1] for n in range(len(reaching) - 1)]
+    if any(counts[n] for n in range(len(prices), len(counts))):
+        raise ValueError(f"rounds with up to {len(counts) - 1} drafts, costs measured for {len(prices) - 1}")
+    return sum(count * prices[n] for n, count in enumerate(counts) if count)
 
 
 def bucket_costs(bucket: str, buckets: dict[str, dict]) -> dict:
@@ -167,17 +212,24 @@ def greedy_check(report: dict) -> str:
 
 
 def speculation_verdict(report: dict) -> str:
-    """Does speculation pay here? Overall AL against the break-even 1 + α + β measured on this machine."""
+    """Does speculation pay here? Overall AL against the cost of its rounds measured on this
+    machine: as drafted where they are priced so, else 1 + α + β."""
     costs = report["costs"]
     if not costs:
         return "speculation not priced (Medusa heads' costs are not measured)"
     overall = report["overall"]
-    al, threshold = overall["acceptance_length"], costs["break_even_acceptance_length"]
+    al, threshold = overall["acceptance_length"], break_even(report)
     pays = al > threshold
+    full = f"1 + α {costs['alpha']:.2f} drafting + β {costs['beta']:.2f} verifying, in target steps"
+    if overall.get("priced_as_drafted"):
+        against = (
+            f"the {threshold:.2f} target steps its rounds cost as drafted, drafting and verifying "
+            f"(a full round: {full} = {costs['break_even_acceptance_length']:.2f})"
+        )
+    else:
+        against = f"a break-even of {threshold:.2f} ({full})"
     verdict = (
-        f"speculation {'pays' if pays else 'does not pay'} on this machine: AL {al:.2f} against "
-        f"a break-even of {threshold:.2f} (1 + α {costs['alpha']:.2f} drafting + β {costs['beta']:.2f} "
-        "verifying, in target steps)"
+        f"speculation {'pays' if pays else 'does not pay'} on this machine: AL {al:.2f} against {against}"
     )
     timed = overall.get("speedup_vs_plain")
     if timed is not None and (timed < 1 if pays else timed > 1):
@@ -190,6 +242,15 @@ def speculation_verdict(report: dict) -> str:
             "between, trust the timed ratio"
         )
     return verdict
+
+
+def break_even(report: dict) -> float:
+    """The overall AL speculation must beat: its rounds' mean cost as drafted where they are
+    priced so, else a full round's 1 + α + β."""
+    overall = report["overall"]
+    if overall.get("priced_as_drafted"):
+        return overall["break_even_acceptance_length"]
+    return report["costs"]["break_even_acceptance_length"]
 
 
 def _baselines(report: dict) -> list[str]:
@@ -217,8 +278,9 @@ def _verification(settings: dict) -> str:
 
 def _al_table(report: dict) -> list[str]:
     methods = _baselines(report)
-    header = ["group", "n", "AL", "p10", "p50", "p90", "worst 10%", "ms/tok spec"]
-    header += [f"× vs {m}" for m in methods]
+    priced = bool(report["costs"])
+    header = ["group", "n", "AL", "p10", "p50", "p90", "worst 10%"]
+    header += ["break-even AL"] * priced + ["ms/tok spec"] + [f"× vs {m}" for m in methods]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     groups = [("**overall**", report["overall"])] + [
         (f"{kind}: {name}", s)
@@ -226,16 +288,22 @@ def _al_table(report: dict) -> list[str]:
         for name, s in report[kind].items()
     ]
     for name, s in groups:
-        cells = [
-            name,
-            str(s["requests"]),
-            f"{s['acceptance_length']:.2f}",
-            f"{s['al_p10']:.2f}",
-            f"{s['al_p50']:.2f}",
-            f"{s['al_p90']:.2f}",
-            f"{s['al_worst_decile']:.2f}",
-            f"{s.get('ms_per_token_speculative', float('nan')):.1f}",
-        ] + [f"{s.get(f'speedup_vs_{m}', float('nan')):.2f}" for m in methods]
+        cells = (
+            [
+                name,
+                str(s["requests"]),
+                f"{s['acceptance_length']:.2f}",
+                f"{s['al_p10']:.2f}",
+                f"{s['al_p50']:.2f}",
+                f"{s['al_p90']:.2f}",
+                f"{s['al_worst_decile']:.2f}",
+            ]
+            + [f"{s['break_even_acceptance_length']:.2f}"] * priced
+            + [
+                f"{s.get('ms_per_token_speculative', float('nan')):.1f}",
+            ]
+            + [f"{s.get(f'speedup_vs_{m}', float('nan')):.2f}" for m in methods]
+        )
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -268,6 +336,12 @@ def _costs(report: dict) -> list[str]:
     if costs.get("verify_costs"):
         curve = ", ".join(f"{cost:.2f}" for cost in costs["verify_costs"])
         lines.append(f"Verifying 0, 1, 2, ... drafts costs {curve} target steps.")
+    if costs.get("draft_costs") and len(costs["draft_costs"]) > 1:
+        curve = ", ".join(f"{cost:.2f}" for cost in costs["draft_costs"][1:])
+        lines.append(
+            f"Drafting 1, 2, ... drafts costs {curve} target steps: the table's break-even AL of each "
+            "group is the mean cost of its own rounds, priced as they were drafted and verified."
+        )
     if costs.get("buckets"):
         lines += [
             "",

@@ -441,6 +441,7 @@ def turn_record(
         verification_rounds=decoded.verification_rounds,
         accepted_by_position=decoded.accepted_per_position,
         proposed_by_position=decoded.proposed_per_position,
+        drafted_by_position=decoded.drafted_per_position,
         seconds={method: seconds[run] for method, run in methods.items()},
         tokens_by_method={method: len(tokens[run]) for method, run in methods.items()},
     )
@@ -482,17 +483,21 @@ def make_verdict(
     report: dict, trained_dir: Path, evaluated_dir: Path, drafting: dict, identity: IdentityCheck
 ) -> Verdict:
     """The verdict on the head as evaluated (the calibrated copy when the eval wrote one)."""
-    costs = report["costs"]
+    costs, tasks = report["costs"], report["task"]
+    as_drafted = bool(costs) and all(summary["priced_as_drafted"] for summary in tasks.values())
     return Verdict(
         head_dir=str(evaluated_dir),
         head_sha256=head_digest(evaluated_dir),
         trained_head_sha256=head_digest(trained_dir),
         head_kind=report["head"]["kind"],
         drafting=drafting,
-        acceptance_length={task: summary["acceptance_length"] for task, summary in report["task"].items()},
+        acceptance_length={task: summary["acceptance_length"] for task, summary in tasks.items()},
         overall_acceptance_length=report["overall"]["acceptance_length"],
         break_even_acceptance_length=costs["break_even_acceptance_length"] if costs else None,
         identity=identity,
+        break_even_by_task={task: summary["break_even_acceptance_length"] for task, summary in tasks.items()}
+        if as_drafted
+        else None,
     )
 
 

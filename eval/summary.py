@@ -9,7 +9,7 @@ what the export gate decided, the paths, and the command to run next.
 from collections.abc import Sequence
 from pathlib import Path
 
-from eval.report import greedy_check, speculation_verdict
+from eval.report import break_even, greedy_check, speculation_verdict
 from heads.machine import NATIVE_BF16_FLAGS
 
 # The longer run on the target's own replies: ~80 minutes on a 2-core CPU (BENCHMARKS.md).
@@ -44,7 +44,7 @@ def next_command(
     """What to do next: train further where speculation does not pay or the export gate refused
     the head (saying how to export it anyway), else serve or export."""
     costs, kind = report["costs"], report["head"]["kind"]
-    slow = bool(costs) and report["overall"]["acceptance_length"] <= costs["break_even_acceptance_length"]
+    slow = bool(costs) and report["overall"]["acceptance_length"] <= break_even(report)
     if slow or refused:
         recipe = LONGER_RECIPE if kind == "eagle3" else LONGER_RECIPE.replace("train=", f"head={kind} train=")
         advice = f"a longer run on more of the target's own replies (~80 min on a 2-core CPU): {recipe}"

@@ -61,10 +61,15 @@ class Verdict:
     drafting: dict[str, Any]  # the resolved drafting setting of the main decoder
     acceptance_length: dict[str, float]  # per task, bonus token included
     overall_acceptance_length: float
-    # 1 + alpha + beta measured on the eval's machine; None where costs are not measured (Medusa).
+    # 1 + alpha + beta measured on the eval's machine: a full round's cost in target steps; None
+    # where costs are not measured (Medusa).
     break_even_acceptance_length: float | None
     identity: IdentityCheck
     format_version: int = field(default=FORMAT_VERSION)
+    # Per task, the mean cost of its rounds as drafted (eval/report.py round_cost: a policy that
+    # drafts fewer in some rounds pays less for them); what the gate holds each task's AL against.
+    # None where rounds are priced as full rounds only (trees, verdicts written before).
+    break_even_by_task: dict[str, float] | None = None
 
 
 def write_verdict(verdict: Verdict, out_dir: Path) -> Path:

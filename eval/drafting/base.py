@@ -45,6 +45,9 @@ class Proposal:
     draft_probs: torch.Tensor | None = None
     layout: TreeLayout | None = None  # a tree's structure; None for a chain
     confidence_logits: torch.Tensor | None = None  # [k] chain drafts' uncalibrated confidence logits
+    # Draft tokens a drafter computed this round, verified or not (0 for an n-gram lookup): the
+    # index of its drafting cost in the measured `draft_costs`, which price the rounds as drafted.
+    drafted: int = 0
 
     @property
     def num_drafts(self) -> int:
@@ -62,13 +65,16 @@ def draft_distribution(
     return probs, probs.log()
 
 
-def no_drafts(state: DecodeState) -> Proposal:
-    """An empty chain: the round is a plain target step."""
-    return Proposal(tokens=state.pending_ids.new_zeros(1, 0))
+def no_drafts(state: DecodeState, drafted: int = 0) -> Proposal:
+    """An empty chain: the round is a plain target step (after `drafted` drafts nobody verifies)."""
+    return Proposal(tokens=state.pending_ids.new_zeros(1, 0), drafted=drafted)
 
 
 class DraftingStrategy(Protocol):
     max_depth: int  # deepest draft position a round can propose (the counters' positions)
+    # Most drafts a round's drafter computes; draft_cost prices 1..max_drafted (0: it prices
+    # none, an n-gram lookup; trees price only their full round).
+    max_drafted: int
     verify_room: int  # target cache slots a round may write past the committed tokens
     layer_ids: list[int]  # target hidden states the drafter reads (docs/ARCHITECTURE.md ids)
 
@@ -90,7 +96,9 @@ class DraftingStrategy(Protocol):
         """What verification made of the proposal (accepted drafts; the committed tokens)."""
         ...
 
-    def draft_cost(self, state: DecodeState) -> float:
-        """Seconds one full-length round of drafting takes from `state` (timed once; the
-        caller repeats on copies of the state and takes the median)."""
+    def draft_cost(self, state: DecodeState, drafts: int) -> float:
+        """Seconds a round of drafting `drafts` tokens takes from `state` (timed once; the caller
+        repeats on copies of the state and takes the median). A strategy whose drafting costs the
+        same whatever the count (a block drafter's one forward, an n-gram lookup, a tree) times
+        its full round."""
         ...

@@ -90,6 +90,7 @@ class BlockStrategy:
         self.setting, self.drafter, self.plain, self.policy = setting, drafter, plain, setting.policy
         self.linears = module_linears(drafter)
         self.max_depth, self.verify_room = setting.max_depth, setting.verify_room
+        self.max_drafted = setting.max_depth  # one forward drafts them all: every count costs the same
         self.layer_ids = list(drafter.target_layer_ids)
         self.draft_token_ids = drafter.draft_token_ids.to(plain.device)
         self.cache = drafter.new_cache(1, max_len + drafter.block_size, plain.device, plain.target.dtype)
@@ -132,16 +133,16 @@ class BlockStrategy:
         verified = self.policy.verify_count(steps[:drafted])
         self._round = (steps[:drafted], verified)
         if verified == 0:
-            return no_drafts(state)
+            return no_drafts(state, drafted=count)
         tokens = torch.cat([step.token for step in steps[:verified]]).unsqueeze(0)  # [1, verified]
-        return Proposal(tokens, None if probs is None else probs[:verified].unsqueeze(0))
+        return Proposal(tokens, None if probs is None else probs[:verified].unsqueeze(0), drafted=count)
 
     def end_round(self, proposal: Proposal, accepted: int, new_tokens: list[int]) -> None:
         steps, verified = self._round
         if steps:
             self.policy.end_round(steps, verified, accepted)
 
-    def draft_cost(self, state: DecodeState) -> float:
+    def draft_cost(self, state: DecodeState, drafts: int) -> float:
         start = time.perf_counter()
         self.draft(state, self.max_depth, GREEDY, None)
         return time.perf_counter() - start

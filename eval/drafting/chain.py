@@ -61,6 +61,7 @@ class ChainStrategy:
     def __init__(self, setting: ChainDrafting, eagle: EagleRunner):
         self.setting, self.eagle, self.policy = setting, eagle, setting.policy
         self.max_depth, self.verify_room = setting.max_depth, setting.verify_room
+        self.max_drafted = setting.max_depth
         self.layer_ids = eagle.layer_ids
         self.features = eagle.features
         self._round: tuple[list[DraftStep], int] = ([], 0)  # this round's steps and verified count
@@ -117,9 +118,9 @@ class ChainStrategy:
         steps, verified = self._round
         self.policy.end_round(steps, verified, accepted)
 
-    def draft_cost(self, state: DecodeState) -> float:
+    def draft_cost(self, state: DecodeState, drafts: int) -> float:
         start = time.perf_counter()
-        self.draft(state, self.max_depth, GREEDY, None, keep_going=lambda steps: True)
+        self.draft(state, drafts, GREEDY, None, keep_going=lambda steps: True)
         return time.perf_counter() - start
 
 
@@ -131,4 +132,6 @@ def chain_proposal(state: DecodeState, chain: DraftedChain, verified: int, eagle
     if drafts and draft_probs[0] is not None:
         probs = eagle.to_target_vocab(torch.stack(draft_probs, dim=1))  # [1, v, V]
     logits = chain.confidence_logits[:verified]
-    return Proposal(tokens, probs, confidence_logits=torch.cat(logits) if logits else None)
+    return Proposal(
+        tokens, probs, confidence_logits=torch.cat(logits) if logits else None, drafted=len(chain.drafts)
+    )

@@ -84,6 +84,7 @@ class TreeStrategy:
     def __init__(self, setting: TreeDrafting, eagle: EagleRunner):
         self.setting, self.eagle = setting, eagle
         self.max_depth, self.verify_room = setting.max_depth, setting.verify_room
+        self.max_drafted = 0  # a tree is priced by its full round only
         self.layer_ids = eagle.layer_ids
         self.features = eagle.features
 
@@ -101,7 +102,7 @@ class TreeStrategy:
     def end_round(self, proposal: Proposal, accepted: int, new_tokens: list[int]) -> None:
         pass
 
-    def draft_cost(self, state: DecodeState) -> float:
+    def draft_cost(self, state: DecodeState, drafts: int) -> float:
         start = time.perf_counter()
         self.propose(state, self.setting.depth + 1, GREEDY, None)
         return time.perf_counter() - start

@@ -62,6 +62,7 @@ class HybridStrategy:
     def __init__(self, setting: HybridDrafting, head: ChainStrategy, ngram: NgramStrategy):
         self.setting, self.head, self.ngram = setting, head, ngram
         self.max_depth, self.verify_room = setting.max_depth, setting.verify_room
+        self.max_drafted = head.max_drafted  # an n-gram round drafts nothing (its lookup is ~free)
         self.layer_ids = head.layer_ids
         self.features = head.features
         self._head_round = False
@@ -90,8 +91,8 @@ class HybridStrategy:
             self.priced.count_round(accepted + 1, self.priced.verify_cost(proposal.num_drafts))
         self.ngram.end_round(proposal, accepted, new_tokens)
 
-    def draft_cost(self, state: DecodeState) -> float:
+    def draft_cost(self, state: DecodeState, drafts: int) -> float:
         """A head round's cost, its failed lookup included (an n-gram round costs only the lookup)."""
         start = time.perf_counter()
         self.ngram.lookup(self.max_depth + 1, GREEDY)
-        return time.perf_counter() - start + self.head.draft_cost(state)
+        return time.perf_counter() - start + self.head.draft_cost(state, drafts)

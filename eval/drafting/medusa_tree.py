@@ -68,6 +68,7 @@ class MedusaStrategy:
         self.linears = module_linears(drafter)
         self.tree: StaticTree = setting.tree
         self.max_depth, self.verify_room = setting.max_depth, setting.verify_room
+        self.max_drafted = 0  # a tree is priced by its full round only
 
     def features(self, hidden_states: list[torch.Tensor], final_hidden: torch.Tensor) -> torch.Tensor:
         return final_hidden
@@ -78,7 +79,7 @@ class MedusaStrategy:
     def end_round(self, proposal: Proposal, accepted: int, new_tokens: list[int]) -> None:
         pass
 
-    def draft_cost(self, state: DecodeState) -> float:
+    def draft_cost(self, state: DecodeState, drafts: int) -> float:
         start = time.perf_counter()
         self.propose(state, self.max_depth + 1, GREEDY, None)
         return time.perf_counter() - start

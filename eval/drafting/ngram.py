@@ -138,6 +138,7 @@ class NgramStrategy:
     def __init__(self, setting: NgramDrafting, plain: PlainDecoder):
         self.setting, self.plain = setting, plain
         self.max_depth, self.verify_room = setting.max_depth, setting.verify_room
+        self.max_drafted = 0  # a lookup, no drafter: its rounds are priced by their verification
         self.index = NgramIndex(setting.max_ngram, setting.min_ngram)
         self.survival = NgramSurvival()
         self.matched = 0  # n of the last lookup's match (0: none)
@@ -177,7 +178,7 @@ class NgramStrategy:
             self.survival.record(self.matched, proposal.num_drafts, accepted)
         self.index.extend(new_tokens)
 
-    def draft_cost(self, state: DecodeState) -> float:
+    def draft_cost(self, state: DecodeState, drafts: int) -> float:
         start = time.perf_counter()
         self.lookup(self.max_depth + 1, GREEDY)
         return time.perf_counter() - start

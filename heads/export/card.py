@@ -110,6 +110,12 @@ def _verdict_rows(verdict: dict[str, Any] | None) -> list[str]:
     rows += [
         f"| break-even AL on the eval's machine (1 + alpha + beta) | "
         f"{'not measured' if break_even is None else f'{break_even:.3f}'} |",
+    ]
+    rows += [
+        f"| break-even AL, {task}: its rounds' mean cost as drafted | {cost:.3f} |"
+        for task, cost in sorted((verdict.get("break_even_by_task") or {}).items())
+    ]
+    rows += [
         f"| drafting at eval | {_drafting(verdict['drafting'])} |",
         f"| greedy output | {identity.describe()} |",
         f"| evaluated head (sha256 of its files) | `{verdict['head_sha256']}` |",

@@ -5,8 +5,9 @@ digest equals the digest of the head directory being exported) and greedy identi
 every checked turn (against the plain loop and HF `generate`). A verdict that fails either
 would make the card quote figures that are not about this head, or a decoder that is not
 lossless. The third is about worth: every task's acceptance length must beat the break-even
-the eval measured on its machine (1 + alpha + beta: speculation pays there), or reach an
-absolute floor when `export.min_acceptance_length` sets one. Only this one (and a missing
+the eval measured on its machine (the mean cost of that task's rounds as drafted, or of a full
+round, 1 + alpha + beta, where rounds are not priced as drafted: speculation pays there), or
+reach an absolute floor when `export.min_acceptance_length` sets one. Only this one (and a missing
 verdict) can be forced, and a forced export says so in its card and in gate.json.
 """
 
@@ -30,7 +31,9 @@ class GateRefused(ValueError):
 @dataclass(frozen=True)
 class GateDecision:
     verdict: Verdict | None  # None: no verdict was given or found (only a forced export gets here)
-    threshold: float | None  # the AL every task had to clear; None when none could be set
+    # the AL every task had to clear (per task where rounds are priced as drafted); None when
+    # none could be set
+    threshold: float | dict[str, float] | None
     rule: str  # the threshold in words, with the setting that chose it
     refusals: tuple[str, ...]  # why the gate refused, one reason each; empty: it passed
     forced: bool  # exported although it refused
@@ -71,26 +74,37 @@ def untrusted(verdict: Verdict, head_dir: Path, where: Path) -> list[str]:
     return problems
 
 
-def threshold_for(verdict: Verdict, floor: float | None, floor_name: str) -> tuple[float | None, str]:
-    """(threshold, rule in words): the floor when set, else the measured break-even."""
+def threshold_for(
+    verdict: Verdict, floor: float | None, floor_name: str
+) -> tuple[float | dict[str, float] | None, str]:
+    """(threshold, rule in words): the floor when set, else the measured break-even: per task
+    where the verdict priced each task's rounds as drafted."""
     if floor is not None:
         return floor, f">= {floor} ({floor_name})"
     if verdict.break_even_acceptance_length is None:
         return None, f"no break-even measured for a {verdict.head_kind} head: set {floor_name}"
-    break_even = verdict.break_even_acceptance_length
-    return break_even, f"> the break-even {break_even:.3f} (1 + alpha + beta measured by the eval)"
+    full = verdict.break_even_acceptance_length
+    if verdict.break_even_by_task is not None:
+        return verdict.break_even_by_task, (
+            "> the break-even of its rounds as drafted (their mean cost in target steps, measured by "
+            f"the eval; a full round: 1 + alpha + beta = {full:.3f})"
+        )
+    return full, f"> the break-even {full:.3f} (1 + alpha + beta measured by the eval)"
 
 
-def below(verdict: Verdict, threshold: float | None, floor: float | None, rule: str) -> list[str]:
-    """The reason, naming every task whose AL does not clear the threshold (a floor is reached
+def below(
+    verdict: Verdict, threshold: float | dict[str, float] | None, floor: float | None, rule: str
+) -> list[str]:
+    """The reason, naming every task whose AL does not clear its threshold (a floor is reached
     at equality, the break-even must be beaten); none when every task clears it."""
     if threshold is None:
         return [rule]
-    failing = [
-        f"{task} AL {al:.3f}"
-        for task, al in sorted(verdict.acceptance_length.items())
-        if not (al >= threshold if floor is not None else al > threshold)
-    ]
+    per_task = isinstance(threshold, dict)
+    failing = []
+    for task, al in sorted(verdict.acceptance_length.items()):
+        clear = threshold[task] if per_task else threshold
+        if not (al >= clear if floor is not None else al > clear):
+            failing.append(f"{task} AL {al:.3f}" + (f" (its rounds cost {clear:.3f})" if per_task else ""))
     return [f"{', '.join(failing)} {'is' if len(failing) == 1 else 'are'} not {rule}"] if failing else []
 
 

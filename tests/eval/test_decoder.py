@@ -248,6 +248,17 @@ def test_counters_follow_the_spec(target, drafting):
         assert sum(metrics.accepted_per_position) == metrics.accepted_draft_tokens
         # Per position, reaching position i + 1 requires reaching position i.
         assert metrics.accepted_per_position == sorted(metrics.accepted_per_position, reverse=True)
+        # The drafts each round's drafter computed, which price its drafting (eval/report.py).
+        drafted, proposed = metrics.drafted_per_position, metrics.proposed_per_position
+        assert drafted == sorted(drafted, reverse=True)
+        if drafting == "chain":  # a static chain verifies every draft it computed
+            assert drafted == proposed
+        elif drafting == "chain-threshold":  # it may stop on a draft it then does not verify
+            assert all(d >= p for d, p in zip(drafted, proposed)) and drafted[0] > 0
+        elif drafting == "tree":  # a tree is priced by its full round
+            assert not any(drafted)
+        else:  # hybrid: an n-gram round computes no drafts
+            assert all(d <= p for d, p in zip(drafted, proposed)) and drafted[0] < proposed[0]
 
 
 @pytest.mark.parametrize("drafting", ["chain", "tree", "hybrid"])
@@ -450,10 +461,13 @@ def test_costs_are_measured_per_context_bucket(target):
         assert bucket["context_tokens"] == int(context)
         assert bucket["alpha"] > 0 and bucket["target_step_ms"] > 0
         assert len(bucket["verify_costs"]) == 5 and bucket["verify_costs"][0] == 1.0
+        # Drafting 0..4 drafts: nothing costs nothing, four is the whole round alpha times.
+        assert len(bucket["draft_costs"]) == 5 and bucket["draft_costs"][0] == 0.0
+        assert bucket["draft_costs"][-1] == bucket["alpha"] and min(bucket["draft_costs"][1:]) > 0
         assert bucket["break_even_acceptance_length"] == 1 + bucket["alpha"] + bucket["beta"]
     assert list(decoder.measure_costs(contexts=(4096,), reps=1)) == [str(MAX_LEN - 5 - 2)]
     tree = SpeculativeDecoder(target, eagle_drafter(target, "good"), DRAFTINGS["tree"], max_len=MAX_LEN)
-    assert "verify_costs" not in tree.measure_costs(contexts=(16,), reps=1)["16"]
+    assert not {"verify_costs", "draft_costs"} & set(tree.measure_costs(contexts=(16,), reps=1)["16"])
     # The decoder still decodes exactly after its caches served the timings.
     assert (
         decoder.generate(PROMPTS[0], NEW_TOKENS).tokens

@@ -1,5 +1,6 @@
 """report.md and the plots, on a small made-up report."""
 
+import pytest
 import torch
 
 import eval.report
@@ -76,3 +77,65 @@ def test_prompt_buckets_are_priced_at_their_own_context():
     assert bucket_costs("128-511", buckets) is buckets["256"]
     assert bucket_costs("512-2047", buckets) is buckets["1024"]
     assert bucket_costs("2048-inf", buckets) is buckets["1024"]
+
+
+def _priced_records(drafted: list[int], proposed: list[int], rounds: int = 4) -> list:
+    """One record whose `rounds` rounds drafted / proposed at least 1..3 drafts as given."""
+    from dataclasses import replace
+
+    from tests.eval.fake_report import record
+
+    return [
+        replace(record("chat", 8, rounds, 1.0), proposed_by_position=proposed, drafted_by_position=drafted)
+    ]
+
+
+COSTS = {
+    "alpha": 0.6,
+    "beta": 0.3,
+    "break_even_acceptance_length": 1.9,
+    "verify_tokens": 4,
+    "verify_costs": [1.0, 1.1, 1.2, 1.3],
+    "draft_costs": [0.0, 0.3, 0.45, 0.6],
+}
+
+
+def test_rounds_that_draft_all_k_are_priced_at_one_plus_alpha_plus_beta():
+    from eval.report import round_cost
+
+    assert round_cost(_priced_records([4, 4, 4], [4, 4, 4]), COSTS) == pytest.approx(1.9)
+
+
+def test_rounds_are_priced_as_their_policy_drafted_and_verified_them():
+    """4 rounds: one plain step (nothing drafted), one that drafted 3 and verified 1, two that
+    drafted and verified 2: (1.0) + (0.6 + 1.1) + 2 (0.45 + 1.2) = 6.0 target steps, 1.5 a round."""
+    from eval.report import round_cost
+
+    assert round_cost(_priced_records([3, 3, 1], [3, 2, 0]), COSTS) == pytest.approx(6.0 / 4)
+
+
+def test_a_group_pays_where_its_al_beats_the_cost_of_its_own_rounds():
+    """AL 1.75 against rounds costing 1.5 as drafted pays, where a full round's 1.9 would say it
+    does not; records without draft counts take the full price."""
+    from dataclasses import replace
+
+    from eval.report import build_report, speculation_verdict
+
+    records = [replace(r, emitted_tokens=7) for r in _priced_records([3, 3, 1], [3, 2, 0])]  # AL 1.75
+    report = build_report(records, ["speculative", "plain"], COSTS)
+    overall = report["overall"]
+    assert overall["priced_as_drafted"] and overall["break_even_acceptance_length"] == pytest.approx(1.5)
+    assert overall["speculation_pays"] and report["task"]["chat"]["speculation_pays"]
+    assert "speculation pays on this machine: AL 1.75 against the 1.50 target steps" in speculation_verdict(
+        report
+    )
+    old = build_report([replace(r, drafted_by_position=[]) for r in records], ["speculative", "plain"], COSTS)
+    assert not old["overall"]["priced_as_drafted"] and not old["overall"]["speculation_pays"]
+    assert "does not pay on this machine: AL 1.75 against a break-even of 1.90" in speculation_verdict(old)
+
+
+def test_rounds_with_more_drafts_than_the_costs_cover_are_an_error():
+    from eval.report import round_cost
+
+    with pytest.raises(ValueError, match="rounds with up to 3 drafts, costs measured for 2"):
+        round_cost(_priced_records([4, 4, 4], [4, 4, 4]), COSTS | {"draft_costs": [0.0, 0.3, 0.45]})

@@ -118,6 +118,23 @@ def test_by_default_every_task_must_beat_the_measured_break_even(tmp_path, targe
     assert export_job(_job(tmp_path, formats=["vllm"]), target, head_dir)
 
 
+def test_rounds_priced_as_drafted_set_each_tasks_own_break_even(tmp_path, target):
+    """An adaptive policy's rounds cost less than full ones: each task's AL is held against the
+    mean cost of its own rounds (verdict.break_even_by_task), not against a full round's 1.5."""
+    head_dir, _ = _head_dir(tmp_path, target)
+    as_drafted = {"mt_bench": 1.25, "gsm8k": 1.5}
+    _write_verdict(tmp_path, overall=1.4, break_even_by_task=as_drafted)  # mt_bench 1.3, gsm8k 1.5
+    with pytest.raises(
+        GateRefused,
+        match=r"gsm8k AL 1\.500 \(its rounds cost 1\.500\) is not > the break-even of its rounds as drafted "
+        r"\(.*a full round: 1 \+ alpha \+ beta = 1\.500\)",
+    ):
+        export_job(_job(tmp_path), target, head_dir)
+    _write_verdict(tmp_path, overall=1.45, break_even_by_task=as_drafted)  # mt_bench 1.35 < 1.5 passes
+    (path,) = export_job(_job(tmp_path, formats=["vllm"]), target, head_dir)
+    assert json.loads((path / GATE_FILE).read_text())["gate"]["threshold"] == as_drafted
+
+
 def test_an_absolute_floor_replaces_the_break_even_and_is_reached_at_equality(tmp_path, target):
     head_dir, _ = _head_dir(tmp_path, target)
     _write_verdict(tmp_path, overall=2.0)
