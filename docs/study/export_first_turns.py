@@ -65,4 +65,6 @@ with open(out, "w") as f:
                 record = {"id": record_id, "messages": [message, {"role": "assistant", "content": "-"}]}
                 f.write(json.dumps(record) + "\n")
 digest = hashlib.sha256(open(out, "rb").read()).hexdigest()
-print(f"{out}: {len(written_prompts)} prompts (sha256 {digest}); left out {dict(left_out)}; {tally.to_dict()}")
+print(
+    f"{out}: {len(written_prompts)} prompts (sha256 {digest}); left out {dict(left_out)}; {tally.to_dict()}"
+)
