@@ -23,10 +23,20 @@ METHODS = ("plain", "hf_greedy", "hf_prompt_lookup")
 
 
 def table(rows: list[dict]) -> str:
-    header = ["T", "setting", "task", "AL", "spec tok/s"] + [f"x vs {m}" for m in METHODS]
+    """One row per temperature, setting and task. "break-even" is the mean cost of the setting's
+    rounds as drafted, in target steps (eval/report.py round_cost), and "model x plain" = AL over
+    it: the speed-up the measured costs predict, beside the timed one ("x vs plain")."""
+    header = ["T", "setting", "task", "AL", "break-even", "model x plain", "spec tok/s"]
+    header += [f"x vs {m}" for m in METHODS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [f"{row['temperature']:g}", row["setting"], row["task"], f"{row['acceptance_length']:.2f}"]
+        break_even = row.get("break_even_acceptance_length")
+        cells += (
+            ["-", "-"]
+            if break_even is None
+            else [f"{break_even:.2f}", f"{row['acceptance_length'] / break_even:.2f}"]
+        )
         cells.append(f"{row['tokens_per_s']:.1f}")
         cells += [f"{row.get(f'speedup_vs_{m}', float('nan')):.2f}" for m in METHODS]
         lines.append("| " + " | ".join(cells) + " |")
@@ -48,6 +58,7 @@ def run_bench(
             for task, figures in {**summary["task"], "overall": summary["overall"]}.items():
                 row = {"temperature": temperature, "setting": setting, "task": task}
                 row["acceptance_length"] = figures["acceptance_length"]
+                row["break_even_acceptance_length"] = figures.get("break_even_acceptance_length")
                 row["tokens_per_s"] = 1000 / figures["ms_per_token_speculative"]
                 row |= {k: v for k, v in figures.items() if k.startswith("speedup_vs_")}
                 rows.append(row)

@@ -189,6 +189,12 @@ def test_bench_ranks_settings_on_the_same_interleaved_turns(make_job, prompts_js
     assert all(row["tokens_per_s"] > 0 and row["speedup_vs_hf_greedy"] > 0 for row in rows)
     assert table(rows).count("\n") == len(rows) + 1
     greedy = json.loads((tmp_path / "bench" / "T0" / "report.json").read_text())
+    # Every setting's rounds are priced as drafted; an n-gram round pays only its verification.
+    assert all(row["break_even_acceptance_length"] >= 1 for row in rows)
+    ngram = [
+        r["break_even_acceptance_length"] for r in rows if r["setting"] == "ngram:3" and r["temperature"] == 0
+    ]
+    assert max(ngram) <= max(greedy["costs"]["verify_costs"])
     assert greedy["greedy_mismatches"] == 0  # every compared setting is checked against plain decoding
     assert set(greedy["compare"]) == {"draft_prob:3", "confidence:3", "ngram:3"}
     assert greedy["compare"]["draft_prob:3"]["overall"]["requests"] == greedy["overall"]["requests"] == 4
