@@ -241,8 +241,9 @@ class SpeculativeDecoder:
         with the rounds' draft counts they price the rounds as drafted (eval/report.py); beta =
         the deepest verification minus one step, over one step. Each ratio is the median over
         `reps` reps, each rep timing every forward length and drafting round back to back and
-        dividing by its own one-token step, so a slow spell of the machine cannot bend a ratio. Contexts that do not fit the
-        decoder's max_len are left out (when none fits: the longest that does)."""
+        dividing by its own one-token step, so a slow spell of the machine cannot bend a ratio.
+        Contexts that do not fit the decoder's max_len are left out (when none fits: the longest
+        that does)."""
         room = self.strategy.verify_room
         fitting = [context for context in contexts if context + room + 2 <= self.plain.max_len]
         if not fitting:

@@ -288,22 +288,13 @@ def _al_table(report: dict) -> list[str]:
         for name, s in report[kind].items()
     ]
     for name, s in groups:
-        cells = (
-            [
-                name,
-                str(s["requests"]),
-                f"{s['acceptance_length']:.2f}",
-                f"{s['al_p10']:.2f}",
-                f"{s['al_p50']:.2f}",
-                f"{s['al_p90']:.2f}",
-                f"{s['al_worst_decile']:.2f}",
-            ]
-            + [f"{s['break_even_acceptance_length']:.2f}"] * priced
-            + [
-                f"{s.get('ms_per_token_speculative', float('nan')):.1f}",
-            ]
-            + [f"{s.get(f'speedup_vs_{m}', float('nan')):.2f}" for m in methods]
-        )
+        cells = [name, str(s["requests"])]
+        cells += [
+            f"{s[key]:.2f}" for key in ("acceptance_length", "al_p10", "al_p50", "al_p90", "al_worst_decile")
+        ]
+        cells += [f"{s['break_even_acceptance_length']:.2f}"] * priced
+        cells.append(f"{s.get('ms_per_token_speculative', float('nan')):.1f}")
+        cells += [f"{s.get(f'speedup_vs_{m}', float('nan')):.2f}" for m in methods]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
