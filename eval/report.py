@@ -136,42 +136,51 @@ def build_report(records: Sequence[Record], methods: Sequence[str], costs: dict 
     if costs:
         for kind, grouped in groups.items():
             for name, summary in report[kind].items():
-                group_costs = costs
+                full = costs
                 if kind == "prompt_bucket" and costs.get("buckets"):  # priced at its own context length
-                    group_costs = bucket_costs(name, costs["buckets"])
-                price(summary, grouped[name], group_costs)
-        price(report["overall"], records, costs)
+                    full = bucket_costs(name, costs["buckets"])
+                price(summary, grouped[name], costs, full["break_even_acceptance_length"])
+        price(report["overall"], records, costs, costs["break_even_acceptance_length"])
     return report
 
 
-def price(summary: dict, records: Sequence[Record], costs: dict) -> None:
-    """A group's break-even (the mean cost of its rounds as drafted, else a full round's) and
+def price(summary: dict, records: Sequence[Record], costs: dict, full_round: float) -> None:
+    """A group's break-even (the mean cost of its rounds as drafted, else `full_round`'s) and
     whether its AL beats it, into its summary."""
     as_drafted = round_cost(records, costs)
     summary["priced_as_drafted"] = as_drafted is not None
-    summary["break_even_acceptance_length"] = (
-        costs["break_even_acceptance_length"] if as_drafted is None else as_drafted
-    )
+    summary["break_even_acceptance_length"] = full_round if as_drafted is None else as_drafted
     summary["speculation_pays"] = summary["acceptance_length"] > summary["break_even_acceptance_length"]
 
 
 def round_cost(records: Sequence[Record], costs: dict) -> float | None:
     """The mean cost, in target steps, of these records' rounds, each as it ran: verifying its V
     proposed drafts (verify_costs[V]) after drafting its D drafts (draft_costs[D]; a round that
-    drafts nothing is a plain step, 1). Plain decoding emits one token per step, so speculation
-    pays where AL beats it; for a policy that always drafts K it is 1 + α + β. None where rounds
-    cannot be priced so: trees and Medusa (one cost, the full tree), costs or records from before
-    draft counts were kept."""
-    verify, draft = costs.get("verify_costs"), costs.get("draft_costs")
+    drafts nothing is a plain step, 1), at the context nearest the turn's (`context_costs`).
+    Plain decoding emits one token per step, so speculation pays where AL beats it; for a policy
+    that always drafts K it is 1 + α + β. None where rounds cannot be priced so: trees and Medusa
+    (one cost, the full tree), costs or records from before draft counts were kept."""
     rounds = sum(r.verification_rounds for r in records)
-    if not verify or not draft or not rounds or any(not r.drafted_by_position for r in records):
+    if not rounds or any(not r.drafted_by_position for r in records):
         return None
-    total = sum(
-        _priced(r.proposed_by_position, r.verification_rounds, verify)
-        + _priced(r.drafted_by_position, r.verification_rounds, draft)
-        for r in records
-    )
+    total = 0.0
+    for r in records:
+        at = context_costs(r, costs)
+        if not at.get("verify_costs") or not at.get("draft_costs"):
+            return None
+        total += _priced(r.proposed_by_position, r.verification_rounds, at["verify_costs"])
+        total += _priced(r.drafted_by_position, r.verification_rounds, at["draft_costs"])
     return total / rounds
+
+
+def context_costs(record: Record, costs: dict) -> dict:
+    """The costs measured at the context nearest a turn's middle (its prompt and half its reply);
+    `costs` itself where it holds one context only."""
+    buckets = costs.get("buckets")
+    if not buckets:
+        return costs
+    middle = record.prompt_tokens + record.response_tokens / 2
+    return buckets[min(buckets, key=lambda context: abs(int(context) - middle))]
 
 
 def _priced(at_least: Sequence[int], rounds: int, prices: Sequence[float]) -> float:

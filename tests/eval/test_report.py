@@ -139,3 +139,20 @@ def test_rounds_with_more_drafts_than_the_costs_cover_are_an_error():
 
     with pytest.raises(ValueError, match="rounds with up to 3 drafts, costs measured for 2"):
         round_cost(_priced_records([4, 4, 4], [4, 4, 4]), COSTS | {"draft_costs": [0.0, 0.3, 0.45]})
+
+
+def test_each_turns_rounds_are_priced_at_the_context_nearest_its_own():
+    """A short turn at the 128-token costs, a long one at the 1,024-token costs, whatever context
+    the headline costs were measured at."""
+    from dataclasses import replace
+
+    from eval.report import round_cost
+
+    cheap = COSTS | {"verify_costs": [1.0] * 4, "draft_costs": [0.0, 0.1, 0.2, 0.3]}
+    dear = COSTS | {"verify_costs": [1.0, 1.5, 2.0, 2.5], "draft_costs": [0.0, 0.3, 0.6, 0.9]}
+    costs = COSTS | {"buckets": {"128": cheap, "1024": dear}}
+    (short,) = _priced_records([4, 4, 4], [4, 4, 4])
+    long = replace(short, prompt_tokens=900)
+    assert round_cost([short], costs) == pytest.approx(1.3)
+    assert round_cost([long], costs) == pytest.approx(3.4)
+    assert round_cost([short, long], costs) == pytest.approx((1.3 + 3.4) / 2)
