@@ -329,9 +329,9 @@ def _costs(report: dict) -> list[str]:
         return []
     lines = [
         f"Measured costs: α = {costs['alpha']:.3f} (drafting a round / target step), "
-        f"β = {costs['beta']:.3f} (verification overhead / target step); speculation pays "
-        f"where AL > {costs['break_even_acceptance_length']:.2f} "
-        f"(a round of {costs['verify_tokens'] - 1} drafts). Overall: {speculation_verdict(report)}."
+        f"β = {costs['beta']:.3f} (verification overhead / target step); a full round of "
+        f"{costs['verify_tokens'] - 1} drafts costs 1 + α + β = {costs['break_even_acceptance_length']:.2f} "
+        f"target steps. Overall: {speculation_verdict(report)}."
     ]
     if costs.get("verify_costs"):
         curve = ", ".join(f"{cost:.2f}" for cost in costs["verify_costs"])
@@ -345,7 +345,7 @@ def _costs(report: dict) -> list[str]:
     if costs.get("buckets"):
         lines += [
             "",
-            "| context tokens | target step (ms) | α | β | break-even AL |",
+            "| context tokens | target step (ms) | α | β | full round (1 + α + β) |",
             "|---|---|---|---|---|",
         ]
         for context, bucket in costs["buckets"].items():
