@@ -55,6 +55,9 @@ REPO_ASSETS = {
     "smollm2_replies_short2": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_short2.jsonl.gz",
     # And the rest of 7,441-15,999, finished later on one core (3,056 kept, 341k generated tokens).
     "smollm2_replies_short3": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_short3.jsonl.gz",
+    # Short greedy replies to later user turns of conversations 0-15,999, each a prompt of its own
+    # (4,278 kept, 460k generated tokens, one CPU core in 71 min, session 29): not trained on yet.
+    "smollm2_replies_later": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later.jsonl.gz",
 }
 
 
