@@ -290,8 +290,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     scores each token bit for bit as its decode step does (tests/heads/test_target_forward.py),
     so greedy speculative output equals the bf16 plain loop (BENCHMARKS.md, sessions 27-28).
     Without native bf16 torch emulates it (slower than fp32); on a GPU a verification's logits
-    may drift from its steps'. Draft trees are verified exactly in fp32 only: an eval that
-    verifies them resolves auto to float32 (eval.run.eval_target)."""
+    may drift from its steps'."""
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cpu" and native_bf16(device) else torch.float32
     if dtype not in DTYPES:
