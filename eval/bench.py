@@ -15,9 +15,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from eval.run import EvalConfig, eval_target, evaluate, parse_setting
+from eval.run import EvalConfig, evaluate, parse_setting
 from heads.machine import machine_line
-from heads.registry import read_head_config
 from heads.target import TARGET_LINEARS, Target, TargetConfig
 
 METHODS = ("plain", "hf_greedy", "hf_prompt_lookup")
@@ -77,8 +76,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--dtype",
         default=TargetConfig.dtype,
         choices=["float32", "bfloat16", "auto"],
-        help="the target's weights (target.dtype; auto = bf16 on a CPU with native bf16, AMX or "
-        "avx512_bf16, where a verification costs about one decode step; fp32 elsewhere and for trees)",
+        help="the target's weights (target.dtype; auto = bf16 on a CPU with AMX, where a "
+        "verification costs about one decode step, else fp32)",
     )
     parser.add_argument("--tasks", nargs="+", default=["mt_bench", "humaneval", "gsm8k"])
     parser.add_argument("--prompts-per-task", type=int, default=8)
@@ -121,6 +120,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--adapt-rate", type=float, default=0.05, help="confidence / expected_gain (eval.adapt_rate)"
     )
     args = parser.parse_args(argv)
+    target = Target.load(TargetConfig(name=args.target, dtype=args.dtype, device="auto"))
     base = EvalConfig(
         tasks=args.tasks,
         prompts_per_task=args.prompts_per_task,
@@ -136,10 +136,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     for setting in args.settings:
         parse_setting(setting)  # a typo fails here, not after the first temperature's run
-    kind = read_head_config(args.head)["kind"]
-    target = Target.load(
-        eval_target(TargetConfig(name=args.target, dtype=args.dtype, device="auto"), base, kind)
-    )
     rows = run_bench(target, args.head, args.out, base, args.settings, args.temperatures)
     (args.out / "bench.json").write_text(json.dumps(rows, indent=2))
     print(machine_line())

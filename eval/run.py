@@ -283,20 +283,6 @@ def measure_costs(decoder: SpeculativeDecoder) -> dict:
     return {**buckets[headline], "buckets": buckets}
 
 
-def verifies_trees(cfg: EvalConfig, kind: str) -> bool:
-    """Whether the eval verifies draft trees: eval.mode=tree, or a Medusa head's static tree."""
-    return cfg.mode == "tree" or kind == "medusa"
-
-
-def eval_target(target: TargetConfig, cfg: EvalConfig, kind: str) -> TargetConfig:
-    """The target an eval of a `kind` head loads: target.dtype=auto is float32 where the eval
-    verifies draft trees (`evaluate` refuses them in reduced precision on a CPU; on a GPU auto
-    is float32 anyway), else as configured."""
-    if target.dtype == "auto" and verifies_trees(cfg, kind):
-        return dataclasses.replace(target, dtype="float32")
-    return target
-
-
 def evaluate(
     target: Target,
     head_dir: Path,
@@ -314,16 +300,8 @@ def evaluate(
             "precision (BENCHMARKS.md, session 27), so greedy output would leave the plain loop's; use "
             "eval.target_linears=auto (in bf16 on a CPU with native bf16 a verification costs ~1-1.4 steps there)"
         )
-    kind = read_head_config(head_dir)["kind"]
-    if verifies_trees(cfg, kind) and target.device.type == "cpu" and target.dtype != torch.float32:
-        raise ValueError(
-            f"{'a Medusa head (its static tree)' if kind == 'medusa' else 'eval.mode=tree'} with a "
-            f"{dtype_name(target.dtype)} target on a CPU: a tree verification sums each node's attention "
-            "over its ancestors at other cache slots than the decode steps do, and in reduced precision "
-            "that rounds differently, so greedy output leaves the plain loop's (BENCHMARKS.md, session "
-            "29); use target.dtype=float32 (what target.dtype=auto picks for trees) or eval.mode=chain"
-        )
     head = load_trained_head(target, head_dir)
+    kind = read_head_config(head_dir)["kind"]
     confidence = load_confidence(head_dir, embed_weight=target.embed_weight)
     if confidence is not None:
         confidence = confidence.to(device=target.device, dtype=target.dtype).eval()
@@ -540,8 +518,7 @@ def register_configs() -> None:
 
 def run_eval(run: EvalRunConfig) -> Path:
     """Evaluate run.head_dir into run.out and print the closing summary; -> report.json's path."""
-    kind = read_head_config(Path(run.head_dir))["kind"]
-    target = Target.load(eval_target(run.target, run.eval, kind))
+    target = Target.load(run.target)
     path = evaluate(target, Path(run.head_dir), run.eval, Path(run.out))
     report = json.loads(path.read_text())
     export = export_command(report, run.target.name, path)

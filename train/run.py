@@ -165,9 +165,8 @@ def eval_stage(job: JobConfig, target, log_fn) -> str:
     -> report.json's path (verdict.json beside it)."""
     from data.eval_sets import load_eval_set
     from eval import verdict
-    from eval.run import eval_target, evaluate
+    from eval.run import evaluate
     from heads.registry import head_digest
-    from heads.target import Target
 
     run_dir = Path(job.run_dir)
     head_dir, out_dir = run_dir / "head", run_dir / "eval"
@@ -185,12 +184,6 @@ def eval_stage(job: JobConfig, target, log_fn) -> str:
         print(f"eval: reused {out_dir} (head {head[:12]}, settings unchanged)", flush=True)
         return reused[0]
     reuse.forget(out_dir)
-    evaluated = eval_target(job.target, job.eval, job.head.kind)
-    if evaluated != job.target:  # target.dtype=auto, and this eval verifies draft trees
-        print(
-            f"eval: the target in {evaluated.dtype}: draft trees are verified exactly only there", flush=True
-        )
-        target = Target.load(evaluated)
     report = str(evaluate(target, head_dir, job.eval, out_dir, log_fn=log_fn))
     reuse.record(out_dir, inputs, [report, str(out_dir / verdict.VERDICT_FILE)])
     return report

@@ -161,33 +161,6 @@ def test_eval_refuses_a_head_trained_for_another_target(make_job, tmp_path):
         Target.load(job.target).check_head_dir(head_dir)
 
 
-@pytest.mark.parametrize("kind, mode", [("eagle3", "tree"), ("medusa", "chain")])
-def test_tree_verification_of_a_bf16_target_on_a_cpu_is_refused_and_auto_picks_fp32(tmp_path, kind, mode):
-    """A tree node's attention sums its ancestors at other cache slots than decoding does: in bf16
-    greedy output left the plain loop's (BENCHMARKS.md, session 29). target.dtype=auto resolves to
-    float32 for such an eval; an explicit bf16 is refused before anything decodes."""
-    import torch
-
-    from eval.run import EvalConfig, eval_target, evaluate
-    from heads.registry import CONFIG_FILE, FORMAT_VERSION
-    from heads.target import Target, TargetConfig
-    from tests.helpers import tiny_llama, tiny_tokenizer
-
-    head_dir = tmp_path / "head"
-    head_dir.mkdir()
-    (head_dir / CONFIG_FILE).write_text(
-        json.dumps({"format_version": FORMAT_VERSION, "kind": kind, "args": {}})
-    )
-    cfg = EvalConfig(mode=mode)
-    target = Target.from_pretrained_model(tiny_llama().to(torch.bfloat16), tiny_tokenizer())
-    what = "a Medusa head" if kind == "medusa" else "eval.mode=tree"
-    with pytest.raises(ValueError, match=f"{what}.* with a bfloat16 target on a CPU: a tree verification"):
-        evaluate(target, head_dir, cfg, tmp_path / "eval")
-    assert eval_target(TargetConfig(dtype="auto"), cfg, kind).dtype == "float32"
-    assert eval_target(TargetConfig(dtype="bfloat16"), cfg, kind).dtype == "bfloat16"  # refused, as asked
-    assert eval_target(TargetConfig(dtype="auto"), EvalConfig(mode="chain"), "eagle3").dtype == "auto"
-
-
 def test_a_compiled_forward_of_a_bf16_target_on_a_cpu_is_refused_before_decoding(tmp_path):
     import torch
 
