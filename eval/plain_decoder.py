@@ -132,13 +132,20 @@ class PlainDecoder:
             positions, mask = slots, causal_mask(start, length, self.kv_len(start + length), self.device)
         else:
             positions, mask = tree
-        return self._forward(input_ids, positions.unsqueeze(0), slots, mask, **kwargs)
+        return self._forward(input_ids, positions.unsqueeze(0), slots, mask, tree=tree is not None, **kwargs)
 
     def _cached_forward(
-        self, input_ids, positions, slots, mask, layer_ids: Sequence[int] = (), num_logits: int | None = None
+        self,
+        input_ids,
+        positions,
+        slots,
+        mask,
+        layer_ids: Sequence[int] = (),
+        num_logits: int | None = None,
+        tree: bool = False,
     ) -> TargetStep:
         return self.target.forward(
-            input_ids, positions, self.cache, slots, mask, tuple(layer_ids), num_logits
+            input_ids, positions, self.cache, slots, mask, tuple(layer_ids), num_logits, tree
         )
 
     @torch.no_grad()

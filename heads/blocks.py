@@ -201,6 +201,7 @@ def grouped_attention(
     value: torch.Tensor,  # [B, kv_heads, L, head_dim]
     attn_mask: torch.Tensor,  # [B or 1, 1, S, L] bool, True = attend
     scale: float,
+    row_order: torch.Tensor | None = None,  # [1, S, L]: `attended_first` (attn_mask is its mask)
 ) -> torch.Tensor:
     """Masked attention as two batched matmuls, the query heads sharing a KV head stacked as
     rows of one product (no per-head copies of K/V), softmax in fp32: [B, heads, S, head_dim].
@@ -213,6 +214,8 @@ def grouped_attention(
     batch, heads, length, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     group = heads // kv_heads
+    if row_order is not None:
+        return _rowwise_attention(query, key, value, attn_mask, scale, row_order)
     rows = query.reshape(batch, kv_heads, group * length, dim)  # head h = kv head h // group
     # K times the queries, not the queries times K^T: K is a slice of the cache, and torch's CPU
     # bf16 matmul copies a strided K^T whole (3x the time of the product), not a strided K.
@@ -220,6 +223,38 @@ def grouped_attention(
     mask = attn_mask.unsqueeze(2).expand(-1, -1, group, -1, -1).reshape(-1, 1, group * length, kv_len)
     probs = torch.softmax(scores.masked_fill(~mask, -torch.inf), dim=-1).to(value.dtype)
     return torch.matmul(probs, value).reshape(batch, heads, length, dim)
+
+
+def _rowwise_attention(query, key, value, attn_mask, scale, row_order) -> torch.Tensor:
+    """grouped_attention with each query row's scores and values in its own order (row_order
+    [1, S, L]): per row the softmax and the probs x values product of a one-row decode step, of
+    the same shapes and in the same order. A score is one dot product wherever its key sits, so
+    the scores come from one product and are reordered; the values are gathered per row."""
+    batch, heads, length, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    rows = query.reshape(batch, kv_heads, group * length, dim)  # head h = kv head h // group
+    scores = torch.matmul(key, rows.transpose(-1, -2)).transpose(-1, -2)  # [B, kv, group * S, L]
+    order = row_order[:, None, None].expand(batch, kv_heads, group, length, kv_len)
+    scores = scores.reshape(batch, kv_heads, group, length, kv_len).gather(-1, order).float() * scale
+    mask = attn_mask[:, :, None]  # [1, 1, 1, S, L]
+    probs = torch.softmax(scores.masked_fill(~mask, -torch.inf), dim=-1).to(value.dtype)
+    values = value[:, :, row_order[0]]  # [B, kv, S, L, dim]
+    out = torch.matmul(probs.transpose(2, 3), values)  # [B, kv, S, group, dim]
+    return out.transpose(2, 3).reshape(batch, heads, length, dim)
+
+
+def attended_first(attn_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For masks whose rows do not attend a prefix of the cache (a draft tree: a node attends the
+    prefix, then its ancestors wherever the tree put them): per row, the cache slots in the order
+    that puts the attended ones first, in slot order ([1, S, L]), and the mask over that order
+    ([1, 1, S, L], a prefix per row). `grouped_attention` given them sums each row's
+    terms at the places a decode step of the same token has them, so a tree node scores bit for
+    bit as its decode step in bf16 too (BENCHMARKS.md, session 29)."""
+    mask = attn_mask[:, 0]
+    order = torch.argsort((~mask).to(torch.uint8), dim=-1, stable=True)
+    slots = torch.arange(mask.shape[-1], device=mask.device)
+    return order, (slots < mask.sum(dim=-1, keepdim=True)).unsqueeze(1)
 
 
 def grouped_attention_applies(query: torch.Tensor) -> bool:

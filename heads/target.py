@@ -39,7 +39,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from heads.blocks import grouped_attention, grouped_attention_applies, last_positions
+from heads.blocks import attended_first, grouped_attention, grouped_attention_applies, last_positions
 from heads.compiled import COMPILED_MAX_TOKENS, compiled_once, frozen_compile
 from heads.kv_cache import KVCache, KVTensors
 from heads.machine import native_bf16
@@ -423,6 +423,7 @@ class CachedTarget:
         cache: KVTensors | None,  # the layer's KVCache k, v
         cache_positions: torch.Tensor | None,  # [S] or [B, S]
         attn_mask: torch.Tensor | None,  # [B or 1, 1, S, L] bool; None: causal over the S new tokens
+        tree_rows: tuple[torch.Tensor, torch.Tensor] | None = None,  # blocks.attended_first(attn_mask)
     ) -> torch.Tensor:
         attention = self.layers[layer_idx].self_attn
         batch, length, _ = hidden.shape
@@ -439,7 +440,10 @@ class CachedTarget:
             keys, values = cache.update(cache_positions, key, value)
             kv_len = attn_mask.shape[-1]  # attend to cache slots 0 .. L - 1 only
             key, value = keys[:, :, :kv_len], values[:, :, :kv_len]
-        if cache is not None and grouped_attention_applies(query):
+        if tree_rows is not None:
+            row_order, row_mask = tree_rows
+            out = grouped_attention(query, key, value, row_mask, attention.scaling, row_order)
+        elif cache is not None and grouped_attention_applies(query):
             out = grouped_attention(query, key, value, attn_mask, attention.scaling)
         else:
             out = F.scaled_dot_product_attention(
@@ -467,9 +471,11 @@ class CachedTarget:
         cache_positions: torch.Tensor | None,
         attn_mask: torch.Tensor | None,
         keep: Sequence[int] | None = None,
+        tree_rows: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         """The outputs [B, S, H] of the layers in `keep` (None: every layer), in its order, then
-        the last layer's."""
+        the last layer's. tree_rows: `attended_first` of attn_mask, for a draft tree's forward in
+        reduced precision on a CPU (`forward`)."""
         kept = {}
         for layer_idx, layer in enumerate(self.layers):
             hidden = hidden + self._attention(
@@ -479,6 +485,7 @@ class CachedTarget:
                 None if cache is None else cache[layer_idx],
                 cache_positions,
                 attn_mask,
+                tree_rows,
             )
             hidden = hidden + self._mlp(layer_idx, layer.post_attention_layernorm(hidden))
             if keep is None or layer_idx in keep:
@@ -496,6 +503,7 @@ class CachedTarget:
         # without a cache: [B or 1, 1, S, S] over the tokens given, or None for causal
         layer_ids: Sequence[int] = (),
         num_logits: int | None = None,
+        tree: bool = False,  # the rows are a draft tree (attn_mask holds its ancestors)
     ) -> TargetStep:
         """Logits of the last num_logits positions (None = all, 0 = none) and the requested hidden states."""
         bad_ids = [i for i in layer_ids if not 0 <= i < self.num_layers]
@@ -515,7 +523,14 @@ class CachedTarget:
             every = self.compiled(hidden, rope, kv, cache_positions, attn_mask)
             kept, last = [every[i] for i in layer_ids], every[-1]
         else:
-            *kept, last = self.decoder_layers(hidden, rope, kv, cache_positions, attn_mask, layer_ids)
+            tree_rows = None
+            if tree and cache is not None and grouped_attention_applies(hidden):
+                # Each node's attention over its ancestors gathered to where its decode step has
+                # them, so that in reduced precision it rounds as that step does.
+                tree_rows = attended_first(attn_mask)
+            *kept, last = self.decoder_layers(
+                hidden, rope, kv, cache_positions, attn_mask, layer_ids, tree_rows
+            )
         final_hidden = decoder.norm(last)
         projected = last_positions(final_hidden, num_logits)
         return TargetStep(

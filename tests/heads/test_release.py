@@ -2,12 +2,16 @@
 output identical to plain decoding, and is refused by any other target."""
 
 import json
+from dataclasses import replace
 
 import pytest
+import torch
 
-from eval.decoder import ChainDrafting, SpeculativeDecoder
+from data.eval_sets import load_eval_set
+from eval.decoder import ChainDrafting, SpeculativeDecoder, TreeDrafting
 from eval.policies import StaticDraftLength
-from eval.run import load_trained_head
+from eval.run import encode_turn, load_trained_head
+from heads.machine import native_bf16
 from heads.registry import RELEASE_DIR
 from heads.target import Target
 from tests.helpers import tiny_llama, tiny_tokenizer
@@ -58,3 +62,24 @@ def test_another_target_is_refused_by_name(head_dir):
     )
     with pytest.raises(ValueError, match="was trained for target 'smollm2-135m-instruct'"):
         other.check_head_dir(head_dir)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(
+    not native_bf16(torch.device("cpu")), reason="bf16 is the default only on a CPU with native bf16"
+)
+def test_draft_trees_verified_by_a_bf16_target_decode_exactly(smollm2_cfg):
+    """A tree node attends its ancestors where the tree put them; in bf16 that once rounded unlike
+    its decode step and greedy output left the plain loop's on these two prompts (BENCHMARKS.md,
+    session 29): each node's keys are now gathered to where its decode step has them."""
+    target = Target.load(replace(smollm2_cfg, dtype="bfloat16"))
+    head = load_trained_head(target, SHIPPED[0])
+    decoder = SpeculativeDecoder(target.model, head, TreeDrafting(depth=4, top_k=4, budget=12), 400)
+    prompts = {p.id: p for p in load_eval_set("humaneval", 6)}
+    accepted = 0
+    for name in ("HumanEval/2", "HumanEval/5"):
+        prompt = encode_turn(target, [], prompts[name].turns[0])
+        spec = decoder.generate(prompt, 64)
+        assert spec.tokens == decoder.generate_plain(prompt, 64).tokens, name
+        accepted += spec.metrics.accepted_draft_tokens
+    assert accepted > 20

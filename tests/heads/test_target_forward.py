@@ -14,7 +14,7 @@ from transformers import (
 )
 
 from eval.tree import causal_mask, tree_attention_mask, tree_layout
-from heads.blocks import grouped_attention
+from heads.blocks import attended_first, grouped_attention
 from heads.machine import native_bf16
 from heads.target import CachedTarget, Target
 from tests.helpers import tiny_llama
@@ -258,3 +258,30 @@ def test_on_a_native_bf16_cpu_a_bf16_verification_gives_its_decode_steps_logits_
     verified, stepped = step(prefilled(), context, k), prefilled()
     for j in range(k):
         assert torch.equal(verified[j], step(stepped, context + j, 1)[-1]), f"token {j}"
+
+
+def test_tree_rows_attend_their_keys_gathered_to_where_a_decode_step_has_them():
+    """attended_first puts each row's attended slots first, in slot order; grouped_attention given
+    that order computes every tree row exactly as a one-row step over the prefix and the row's
+    ancestors laid out contiguously (what decoding the row's branch token by token sees)."""
+    torch.manual_seed(0)
+    prefix, kv_len, heads, kv_heads, dim = 5, 16, 6, 2, 8
+    layout = tree_layout(torch.tensor([-1, 0, 0, 1, 2, 3]), max_depth=3, max_children=2)
+    mask = tree_attention_mask(layout, prefix_len=prefix, kv_len=kv_len)  # [1, 1, 6, 16]
+    order, row_mask = attended_first(mask)
+    attended = [torch.nonzero(row).flatten() for row in mask[0, 0]]
+    for row, slots in enumerate(attended):
+        assert torch.equal(order[0, row, : len(slots)], slots)  # ascending: prefix, ancestors, itself
+        assert row_mask[0, 0, row].sum() == len(slots) and row_mask[0, 0, row, : len(slots)].all()
+    query = torch.randn(1, heads, 6, dim)
+    key, value = (torch.randn(1, kv_heads, kv_len, dim) for _ in range(2))
+    rows = grouped_attention(query, key, value, row_mask, 0.3, order)
+    for row, slots in enumerate(attended):
+        alone = grouped_attention(
+            query[:, :, row : row + 1],
+            key[:, :, slots],
+            value[:, :, slots],
+            torch.ones(1, 1, 1, len(slots), dtype=torch.bool),
+            0.3,
+        )
+        torch.testing.assert_close(rows[:, :, row : row + 1], alone, rtol=1e-6, atol=1e-6)
