@@ -214,34 +214,33 @@ def grouped_attention(
     batch, heads, length, dim = query.shape
     kv_heads, kv_len = key.shape[1], key.shape[2]
     group = heads // kv_heads
-    if row_order is not None:
-        return _rowwise_attention(query, key, value, attn_mask, scale, row_order)
     rows = query.reshape(batch, kv_heads, group * length, dim)  # head h = kv head h // group
     # K times the queries, not the queries times K^T: K is a slice of the cache, and torch's CPU
     # bf16 matmul copies a strided K^T whole (3x the time of the product), not a strided K.
-    scores = torch.matmul(key, rows.transpose(-1, -2)).transpose(-1, -2).float() * scale  # [B, kv, gS, L]
+    scores = torch.matmul(key, rows.transpose(-1, -2)).transpose(-1, -2)  # [B, kv, gS, L]
+    if row_order is not None:
+        return _in_row_order(scores, value, attn_mask, scale, row_order)
+    scores = scores.float() * scale
     mask = attn_mask.unsqueeze(2).expand(-1, -1, group, -1, -1).reshape(-1, 1, group * length, kv_len)
     probs = torch.softmax(scores.masked_fill(~mask, -torch.inf), dim=-1).to(value.dtype)
     return torch.matmul(probs, value).reshape(batch, heads, length, dim)
 
 
-def _rowwise_attention(query, key, value, attn_mask, scale, row_order) -> torch.Tensor:
-    """grouped_attention with each query row's scores and values in its own order (row_order
-    [1, S, L]): per row the softmax and the probs x values product of a one-row decode step, of
-    the same shapes and in the same order. A score is one dot product wherever its key sits, so
-    the scores come from one product and are reordered; the values are gathered per row."""
-    batch, heads, length, dim = query.shape
-    kv_heads, kv_len = key.shape[1], key.shape[2]
-    group = heads // kv_heads
-    rows = query.reshape(batch, kv_heads, group * length, dim)  # head h = kv head h // group
-    scores = torch.matmul(key, rows.transpose(-1, -2)).transpose(-1, -2)  # [B, kv, group * S, L]
+def _in_row_order(scores, value, attn_mask, scale, row_order) -> torch.Tensor:
+    """The rest of grouped_attention with each query row's scores [B, kv, group * S, L] and the
+    values in its own order (row_order [1, S, L]): per row the softmax and probs x values product
+    of a one-row decode step, of its shapes and in its order. A score is one dot product wherever
+    its key sits, so only the scores are reordered; the values are gathered per row."""
+    batch, kv_heads, group_rows, kv_len = scores.shape
+    length = row_order.shape[1]
+    group = group_rows // length
     order = row_order[:, None, None].expand(batch, kv_heads, group, length, kv_len)
     scores = scores.reshape(batch, kv_heads, group, length, kv_len).gather(-1, order).float() * scale
     mask = attn_mask[:, :, None]  # [1, 1, 1, S, L]
     probs = torch.softmax(scores.masked_fill(~mask, -torch.inf), dim=-1).to(value.dtype)
     values = value[:, :, row_order[0]]  # [B, kv, S, L, dim]
     out = torch.matmul(probs.transpose(2, 3), values)  # [B, kv, S, group, dim]
-    return out.transpose(2, 3).reshape(batch, heads, length, dim)
+    return out.transpose(2, 3).reshape(batch, kv_heads * group, length, -1)
 
 
 def attended_first(attn_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
