@@ -39,7 +39,7 @@ from eval.drafting.medusa_tree import MedusaDrafter, MedusaTreeDrafting
 from eval.drafting.ngram import NgramDrafting
 from eval.metrics import SpecCounters
 from eval.plain_decoder import GREEDY, ConfidenceRecord, Generation, PlainDecoder
-from eval.tree import tree_attention_mask
+from eval.tree import causal_mask, tree_attention_mask
 from eval.verify import (
     SamplingParams,
     process_logits,
@@ -266,13 +266,20 @@ class SpeculativeDecoder:
             pending_features=base.pending_features[:, -catch_up:],
         )
 
-        def timed_forward(tokens: int) -> float:
-            start = time.perf_counter()
-            plain.forward(prompt[:, -tokens:], context)
-            return time.perf_counter() - start
-
         room = self.strategy.verify_room
         chain = not isinstance(self.drafting, TreeDrafting | MedusaTreeDrafting)
+
+        def timed_forward(tokens: int) -> float:
+            # A tree verifies through the target's tree path (in reduced precision on a CPU its rows
+            # are reordered, heads.blocks.attended_first): timed so, over a chain-shaped tree.
+            tree = None
+            if not chain and tokens > 1:
+                mask = causal_mask(context, tokens, plain.kv_len(context + tokens), self.device)
+                tree = (plain.slots[context : context + tokens], mask)
+            start = time.perf_counter()
+            plain.forward(prompt[:, -tokens:], context, tree)
+            return time.perf_counter() - start
+
         lengths = list(range(1, room + 1)) if chain else sorted({1, room})
         full = self.strategy.max_drafted  # a full round (strategies that cannot count ignore it)
         shorter = range(1, full) if chain else ()

@@ -467,7 +467,13 @@ def test_costs_are_measured_per_context_bucket(target):
         assert bucket["break_even_acceptance_length"] == 1 + bucket["alpha"] + bucket["beta"]
     assert list(decoder.measure_costs(contexts=(4096,), reps=1)) == [str(MAX_LEN - 5 - 2)]
     tree = SpeculativeDecoder(target, eagle_drafter(target, "good"), DRAFTINGS["tree"], max_len=MAX_LEN)
+    forward, trees = tree.plain.forward, []
+    tree.plain.forward = lambda ids, start, shape=None, **kw: (
+        trees.append(shape) or forward(ids, start, shape, **kw)
+    )
     assert not {"verify_costs", "draft_costs"} & set(tree.measure_costs(contexts=(16,), reps=1)["16"])
+    assert any(shape is not None for shape in trees)  # its verification timed through the tree path
+    tree.plain.forward = forward
     # The decoder still decodes exactly after its caches served the timings.
     assert (
         decoder.generate(PROMPTS[0], NEW_TOKENS).tokens
