@@ -179,8 +179,7 @@ def context_costs(record: Record, costs: dict) -> dict:
     buckets = costs.get("buckets")
     if not buckets:
         return costs
-    middle = record.prompt_tokens + record.response_tokens / 2
-    return buckets[min(buckets, key=lambda context: abs(int(context) - middle))]
+    return nearest_context(buckets, record.prompt_tokens + record.response_tokens / 2)
 
 
 def _priced(at_least: Sequence[int], rounds: int, prices: Sequence[float]) -> float:
@@ -197,8 +196,12 @@ def bucket_costs(bucket: str, buckets: dict[str, dict]) -> dict:
     """The costs measured at the context nearest a prompt bucket's middle ("128-511" -> 256 of
     128/256/512/1024; an open-ended bucket counts as twice its lower edge)."""
     low, high = bucket.split("-")
-    middle = (int(low) + (2 * int(low) if high == "inf" else int(high) + 1)) / 2
-    return buckets[min(buckets, key=lambda context: abs(int(context) - middle))]
+    return nearest_context(buckets, (int(low) + (2 * int(low) if high == "inf" else int(high) + 1)) / 2)
+
+
+def nearest_context(buckets: dict[str, dict], tokens: float) -> dict:
+    """The costs measured at the context (keyed by its length) nearest `tokens`."""
+    return buckets[min(buckets, key=lambda context: abs(int(context) - tokens))]
 
 
 def markdown(report: dict) -> str:
