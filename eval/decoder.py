@@ -237,7 +237,8 @@ class SpeculativeDecoder:
         step, confidence head, n-gram lookup: the strategy times itself) over one plain target
         step; verify_costs[V] = a chain verification of the root and V drafts over one step
         (V = 0..K; for trees, one entry: the whole tree); draft_costs[D] = a round that drafts D
-        tokens over one step (chains; D = 0..max_drafted, 0 costing nothing, the last = alpha):
+        tokens over one step (chains; D = 0..max_drafted, 0 costing nothing, the last = alpha; a
+        block drafter's every count = alpha):
         with the rounds' draft counts they price the rounds as drafted (eval/report.py); beta =
         the deepest verification minus one step, over one step. Each ratio is the median over
         `reps` reps, each rep timing every forward length and drafting round back to back and
@@ -282,7 +283,9 @@ class SpeculativeDecoder:
 
         lengths = list(range(1, room + 1)) if chain else sorted({1, room})
         full = self.strategy.max_drafted  # a full round (strategies that cannot count ignore it)
-        shorter = range(1, full) if chain else ()
+        # A block drafter's one forward costs the same whatever the count: its full round prices all.
+        counted = chain and not isinstance(self.drafting, BlockDrafting)
+        shorter = range(1, full) if counted else ()
 
         def one_rep() -> dict:
             """Seconds of every forward length and of every drafting round, back to back."""
@@ -311,7 +314,8 @@ class SpeculativeDecoder:
         costs["break_even_acceptance_length"] = 1 + costs["alpha"] + costs["beta"]
         if chain:
             costs["verify_costs"] = [ratio(tokens) for tokens in lengths]
-            costs["draft_costs"] = [0.0, *(ratio(("draft", drafts)) for drafts in shorter)]
-            if full:
-                costs["draft_costs"].append(costs["alpha"])
+            shorter_costs = [
+                ratio(("draft", drafts)) if counted else costs["alpha"] for drafts in range(1, full)
+            ]
+            costs["draft_costs"] = [0.0, *shorter_costs, *([costs["alpha"]] if full else [])]
         return costs

@@ -100,3 +100,16 @@ def test_sampled_block_drafts_follow_the_target(policy):
     assert 0 < accepted < 3 * runs
     statistic, dof = chi_square(torch.tensor(samples), exact_continuations(target, prompt, 3, sampling))
     assert statistic < chi_square_critical(dof)
+
+
+def test_a_block_drafters_costs_time_its_one_forward_once_per_rep(target):
+    """A block drafter computes every draft in one forward: each count is priced at its full round
+    (alpha), which is the only drafting measure_costs times (one warm-up + one per rep)."""
+    decoder = SpeculativeDecoder(
+        target, block_head(target), BlockDrafting(StaticDraftLength(3)), max_len=MAX_LEN
+    )
+    counts, draft_cost = [], decoder.strategy.draft_cost
+    decoder.strategy.draft_cost = lambda state, drafts: counts.append(drafts) or draft_cost(state, drafts)
+    bucket = decoder.measure_costs(contexts=(16,), reps=3)["16"]
+    assert counts == [3] * (1 + 1 + 3)  # the prompt's catch-up, the warm-up, three reps
+    assert bucket["draft_costs"] == [0.0, *[bucket["alpha"]] * 3] and bucket["alpha"] > 0
