@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Fine-tune the shipped head on one more replies asset (one pass, session 30's recipe), then judge
+# its bf16 copy beside the shipped head: AL on all 48 held-out chat prompts (the verdict, fixed in
+# advance) and on evalhead's 12 per task of held-out chat, MT-bench, HumanEval and GSM8K, both
+# heads at the same time (candidate on core 0, shipped on core 1). Resumable: rerun to continue.
+#   bash docs/study/finetune_judge.sh smollm2_replies_later2 outputs/s32
+source docs/study/common.sh
+ASSET=${1:?usage: finetune_judge.sh <replies asset> <out dir>}
+OUT=${2:?usage: finetune_judge.sh <replies asset> <out dir>}
+mkdir -p "$OUT"
+VAL=0.03
+ROWS=8
+# One pass (unless STEPS is set): the asset's kept conversations, less the held-out share, in rows of 8.
+STEPS=${STEPS:-$($PY -c "
+import json
+from data.packaged import REPO_ASSETS
+path = REPO_ASSETS['$ASSET']
+kept = json.loads(path.with_name(path.name.removesuffix('.jsonl.gz') + '.json').read_text())['counts']['kept']
+print(int(kept * (1 - $VAL) / $ROWS))")}
+echo "fine-tune: $ASSET, $STEPS steps of $ROWS rows ($(date +%T))"
+OMP_NUM_THREADS=2 $PY train/run.py run_dir="$OUT/ft" stages=[prepare,train] data=jsonl "data.sources=[$ASSET]" \
+  data.max_length=1024 data.val_fraction=$VAL train=cpu_recipe data.regenerate.enabled=false \
+  data.max_conversations=null head.init=release target.dtype=bfloat16 train.hidden_states=online \
+  train.precision=bf16 train.ttt_steps=4 train.batch_size=$ROWS train.max_steps="$STEPS" train.lr=5e-4 \
+  train.warmup_steps=10 wandb.mode=disabled > "$OUT/ft.log" 2>&1
+
+# The candidate as it would ship (bf16 tensors), kept out of heads/release/ (tests list that folder).
+if [ ! -d "$OUT/candidate" ]; then
+  $PY docs/study/make_release.py "$OUT/ft/head" candidate-scratch heads/release/smollm2-135m-eagle3/README.md
+  mv heads/release/candidate-scratch "$OUT/candidate"
+fi
+SHIPPED=heads/release/smollm2-135m-eagle3
+judge() {  # judge <core> <head> <name>
+  OMP_NUM_THREADS=1 taskset -c "$1" bash -c "source docs/study/common.sh
+    [ -f $OUT/$3_48/report.json ] || \$PY eval/run.py head_dir=$2 out=$OUT/$3_48 eval.tasks=[$HELDOUT] \
+      eval.prompts_per_task=48 eval.max_new_tokens=96 eval.draft_length=4 eval.policy=static \
+      eval.calibration=false eval.baselines=false target.dtype=bfloat16
+    [ -f $OUT/$3_12/report.json ] || evalhead $2 $OUT/$3_12 target.dtype=bfloat16" > "$OUT/$3_judge.log" 2>&1
+}
+echo "judging ($(date +%T))"
+judge 0 "$OUT/candidate" candidate &
+judge 1 "$SHIPPED" shipped &
+wait
+$PY - "$OUT" <<'EOF'
+import json, sys
+out = sys.argv[1]
+for run in ("48", "12"):
+    for name in ("shipped", "candidate"):
+        report = json.load(open(f"{out}/{name}_{run}/report.json"))
+        tasks = ", ".join(f"{t} {v['acceptance_length']:.3f}" for t, v in report["task"].items())
+        print(f"{name:9} {run} per task: {tasks}; overall {report['overall']['acceptance_length']:.3f};"
+              f" greedy mismatches {report['identity']['plain_mismatches']}")
+EOF
+echo "done ($(date +%T))"
