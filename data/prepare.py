@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from data.chat_template import ChatEncoder, TokenisedConversation, chat_template_hash
 from data.conversations import Conversation, normalise_all
-from data.packaged import REPO_ASSETS
+from data.packaged import REPO_ASSETS, repo_asset_manifest
 from data.regenerate import RegenerateConfig
 from data.sources import parse_source, read_source, source_fingerprint
 from data.tally import Tally, report_short_selection
@@ -207,8 +207,7 @@ def check_written_for(spec: str, tokenizer_sha256: str) -> None:
     only: refuse it, by name, for a target with another tokenizer."""
     if spec not in REPO_ASSETS:
         return
-    manifest = json.loads(REPO_ASSETS[spec].with_suffix("").with_suffix(".json").read_text())
-    writer = manifest["key"]["target"]
+    writer = repo_asset_manifest(spec)["key"]["target"]
     if writer["tokenizer_hash"] != tokenizer_sha256:
         raise ValueError(
             f"data.sources entry {spec!r} holds the replies of {writer['name']}, written for its "

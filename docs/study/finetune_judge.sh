@@ -12,11 +12,8 @@ VAL=0.03
 ROWS=8
 # One pass (unless STEPS is set): the asset's kept conversations, less the held-out share, in rows of 8.
 STEPS=${STEPS:-$($PY -c "
-import json
-from data.packaged import REPO_ASSETS
-path = REPO_ASSETS['$ASSET']
-kept = json.loads(path.with_name(path.name.removesuffix('.jsonl.gz') + '.json').read_text())['counts']['kept']
-print(int(kept * (1 - $VAL) / $ROWS))")}
+from data.packaged import repo_asset_manifest
+print(int(repo_asset_manifest('$ASSET')['counts']['kept'] * (1 - $VAL) / $ROWS))")}
 echo "fine-tune: $ASSET, $STEPS steps of $ROWS rows ($(date +%T))"
 OMP_NUM_THREADS=2 $PY train/run.py run_dir="$OUT/ft" stages=[prepare,train] data=jsonl "data.sources=[$ASSET]" \
   data.max_length=1024 data.val_fraction=$VAL train=cpu_recipe data.regenerate.enabled=false \

@@ -2,7 +2,7 @@ import importlib.util
 
 import pytest
 
-from data.packaged import ASSETS, REPO_ASSETS, packaged_file
+from data.packaged import ASSETS, REPO_ASSETS, packaged_file, repo_asset_manifest
 
 
 @pytest.mark.parametrize("name", sorted(ASSETS))
@@ -25,14 +25,13 @@ def test_unknown_asset_lists_the_known_ones():
 def test_the_shipped_replies_read_as_a_source_and_match_their_manifest(name):
     import gzip
     import hashlib
-    import json
 
     from data.sources import parse_source, read_source
     from data.tally import Tally
 
     path = packaged_file(name)
     assert path == REPO_ASSETS[name]
-    manifest = json.loads(path.with_suffix("").with_suffix(".json").read_text())
+    manifest = repo_asset_manifest(name)
     assert manifest["shipped"]["file"] == path.name
     assert (
         hashlib.sha256(gzip.decompress(path.read_bytes())).hexdigest()
