@@ -57,11 +57,12 @@ REPO_ASSETS = {
     # And the rest of 7,441-15,999, finished later on one core (3,056 kept, 341k generated tokens).
     "smollm2_replies_short3": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_short3.jsonl.gz",
     # Short greedy replies to later user turns of conversations 0-15,999, each a prompt of its own
-    # (4,278 kept, 460k generated tokens, one CPU core in 71 min, session 29): what the shipped
-    # head was fine-tuned on last (session 30).
+    # (4,278 kept, 460k generated tokens, one CPU core in 71 min, session 29): the shipped head's
+    # fine-tune of session 30.
     "smollm2_replies_later": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later.jsonl.gz",
     # And to 9,326 more of those turns, disjoint from the first set (9,291 kept, 1.01M generated
-    # tokens, one core then two CPU ranks in 101 min, session 31): not trained on yet.
+    # tokens, one core then two CPU ranks in 101 min, session 31): what the shipped head was
+    # fine-tuned on last (session 32).
     "smollm2_replies_later2": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later2.jsonl.gz",
 }
 
