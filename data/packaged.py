@@ -61,9 +61,13 @@ REPO_ASSETS = {
     # fine-tune of session 30.
     "smollm2_replies_later": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later.jsonl.gz",
     # And to 9,326 more of those turns, disjoint from the first set (9,291 kept, 1.01M generated
-    # tokens, one core then two CPU ranks in 101 min, session 31): what the shipped head was
-    # fine-tuned on last (session 32).
+    # tokens, one core then two CPU ranks in 101 min, session 31): the shipped head's fine-tune of
+    # session 32.
     "smollm2_replies_later2": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later2.jsonl.gz",
+    # And to the next 5,867 of those turns (rows 9,326-15,192 of the same shuffled export; 5,840
+    # kept, 635k generated tokens, two CPU ranks, sessions 32-33): what the shipped head was
+    # fine-tuned on last (session 33).
+    "smollm2_replies_later3": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later3.jsonl.gz",
 }
 
 

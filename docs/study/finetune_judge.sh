@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Fine-tune the shipped head on one more replies asset (one pass, session 30's recipe), then judge
 # its bf16 copy beside the shipped head: AL on all 48 held-out chat prompts (the verdict, fixed in
-# advance) and on evalhead's 12 per task of held-out chat, MT-bench, HumanEval and GSM8K, both
-# heads at the same time (candidate on core 0, shipped on core 1). Resumable: rerun to continue.
+# advance; never the eval sets), both heads at the same time (candidate on core 0, shipped on
+# core 1), summed up per prompt. The eval sets' AL and speed come after, from eval/bench.py.
+# Resumable: rerun to continue.
 #   bash docs/study/finetune_judge.sh smollm2_replies_later2 outputs/s32
 source docs/study/common.sh
 ASSET=${1:?usage: finetune_judge.sh <replies asset> <out dir>}
@@ -10,17 +11,19 @@ OUT=${2:?usage: finetune_judge.sh <replies asset> <out dir>}
 mkdir -p "$OUT"
 VAL=0.03
 ROWS=8
+LR=${LR:-5e-4}           # session 30's recipe: peak 5e-4 after 10 warm-up steps
+WARMUP=${WARMUP:-10}
 # One pass (unless STEPS is set): the asset's kept conversations, less the held-out share, in rows of 8.
 # Validation and checkpoints every 100 steps: at cpu_recipe's 25, they took ~45% of the wall time.
 STEPS=${STEPS:-$($PY -c "
 from data.packaged import repo_asset_manifest
 print(int(repo_asset_manifest('$ASSET')['counts']['kept'] * (1 - $VAL) / $ROWS))")}
-echo "fine-tune: $ASSET, $STEPS steps of $ROWS rows ($(date +%T))"
+echo "fine-tune: $ASSET, $STEPS steps of $ROWS rows, lr $LR after $WARMUP warm-up steps ($(date +%T))"
 OMP_NUM_THREADS=2 $PY train/run.py run_dir="$OUT/ft" stages=[prepare,train] data=jsonl "data.sources=[$ASSET]" \
   data.max_length=1024 data.val_fraction=$VAL train=cpu_recipe data.regenerate.enabled=false \
   data.max_conversations=null head.init=release target.dtype=bfloat16 train.hidden_states=online \
-  train.precision=bf16 train.ttt_steps=4 train.batch_size=$ROWS train.max_steps="$STEPS" train.lr=5e-4 \
-  train.warmup_steps=10 train.val_every=100 train.checkpoint_every=100 wandb.mode=disabled > "$OUT/ft.log" 2>&1
+  train.precision=bf16 train.ttt_steps=4 train.batch_size=$ROWS train.max_steps="$STEPS" train.lr=$LR \
+  train.warmup_steps=$WARMUP train.val_every=100 train.checkpoint_every=100 wandb.mode=disabled > "$OUT/ft.log" 2>&1
 
 # The candidate as it would ship (bf16 tensors), kept out of heads/release/ (tests list that folder).
 if [ ! -d "$OUT/candidate" ]; then
@@ -29,11 +32,10 @@ if [ ! -d "$OUT/candidate" ]; then
 fi
 SHIPPED=heads/release/smollm2-135m-eagle3
 judge() {  # judge <core> <head> <name>
-  OMP_NUM_THREADS=1 taskset -c "$1" bash -c "source docs/study/common.sh
-    [ -f $OUT/$3_48/report.json ] || \$PY eval/run.py head_dir=$2 out=$OUT/$3_48 eval.tasks=[$HELDOUT] \
-      eval.prompts_per_task=48 eval.max_new_tokens=96 eval.draft_length=4 eval.policy=static \
-      eval.calibration=false eval.baselines=false target.dtype=bfloat16
-    [ -f $OUT/$3_12/report.json ] || evalhead $2 $OUT/$3_12 target.dtype=bfloat16" > "$OUT/$3_judge.log" 2>&1
+  [ -f "$OUT/$3_48/report.json" ] || OMP_NUM_THREADS=1 taskset -c "$1" $PY eval/run.py head_dir="$2" \
+    out="$OUT/$3_48" "eval.tasks=[$HELDOUT]" eval.prompts_per_task=48 eval.max_new_tokens=96 \
+    eval.draft_length=4 eval.policy=static eval.calibration=false eval.baselines=false \
+    target.dtype=bfloat16 > "$OUT/$3_judge.log" 2>&1
 }
 echo "judging ($(date +%T))"
 judge 0 "$OUT/candidate" candidate &
@@ -42,11 +44,20 @@ wait
 $PY - "$OUT" <<'EOF'
 import json, sys
 out = sys.argv[1]
-for run in ("48", "12"):
-    for name in ("shipped", "candidate"):
-        report = json.load(open(f"{out}/{name}_{run}/report.json"))
-        tasks = ", ".join(f"{t} {v['acceptance_length']:.3f}" for t, v in report["task"].items())
-        print(f"{name:9} {run} per task: {tasks}; overall {report['overall']['acceptance_length']:.3f};"
-              f" greedy mismatches {report['identity']['plain_mismatches']}")
+for name in ("shipped", "candidate"):
+    report = json.load(open(f"{out}/{name}_48/report.json"))
+    print(f"{name:9} AL on 48 held-out chat prompts {report['overall']['acceptance_length']:.3f};"
+          f" greedy mismatches {report['identity']['plain_mismatches']}")
+# The verdict per prompt: AL (tokens per verification round) of the candidate minus the shipped head's.
+al = {}
+for name in ("shipped", "candidate"):
+    for line in open(f"{out}/{name}_48/records.jsonl"):
+        r = json.loads(line)
+        al[name, r["id"], r["turn"]] = r["emitted_tokens"] / r["verification_rounds"]
+diffs = [al["candidate", i, t] - v for (name, i, t), v in al.items() if name == "shipped"]
+mean = sum(diffs) / len(diffs)
+se = (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs)) ** 0.5
+print(f"48 per prompt: candidate - shipped {mean:+.3f} (s.e. {se:.3f}) over {len(diffs)} prompts;"
+      f" {sum(d > 0 for d in diffs)} up, {sum(d < 0 for d in diffs)} down, {sum(d == 0 for d in diffs)} level")
 EOF
 echo "done ($(date +%T))"
