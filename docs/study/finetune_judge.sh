@@ -2,7 +2,7 @@
 # Fine-tune the shipped head on one more replies asset (one pass, session 30's recipe), then judge
 # its bf16 copy beside the shipped head: AL on all 48 held-out chat prompts (the verdict, fixed in
 # advance; never the eval sets), both heads at the same time (candidate on core 0, shipped on
-# core 1), summed up per prompt. The eval sets' AL and speed come after, from eval/bench.py.
+# core 1), compared prompt by prompt. The eval sets' AL and speed come after, from eval/bench.py.
 # Resumable: rerun to continue.
 #   bash docs/study/finetune_judge.sh smollm2_replies_later2 outputs/s32
 source docs/study/common.sh
