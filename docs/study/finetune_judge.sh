@@ -42,21 +42,21 @@ judge 0 "$OUT/candidate" candidate &
 judge 1 "$SHIPPED" shipped &
 wait
 $PY - "$OUT" <<'EOF'
-import json, sys
+import json, statistics, sys
+from eval.report import Record
 out = sys.argv[1]
 for name in ("shipped", "candidate"):
     report = json.load(open(f"{out}/{name}_48/report.json"))
     print(f"{name:9} AL on 48 held-out chat prompts {report['overall']['acceptance_length']:.3f};"
           f" greedy mismatches {report['identity']['plain_mismatches']}")
-# The verdict per prompt: AL (tokens per verification round) of the candidate minus the shipped head's.
+# The verdict per prompt: the candidate's AL minus the shipped head's, turn by turn.
 al = {}
 for name in ("shipped", "candidate"):
     for line in open(f"{out}/{name}_48/records.jsonl"):
-        r = json.loads(line)
-        al[name, r["id"], r["turn"]] = r["emitted_tokens"] / r["verification_rounds"]
+        r = Record(**json.loads(line))
+        al[name, r.id, r.turn] = r.acceptance_length
 diffs = [al["candidate", i, t] - v for (name, i, t), v in al.items() if name == "shipped"]
-mean = sum(diffs) / len(diffs)
-se = (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs)) ** 0.5
+mean, se = statistics.mean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
 print(f"48 per prompt: candidate - shipped {mean:+.3f} (s.e. {se:.3f}) over {len(diffs)} prompts;"
       f" {sum(d > 0 for d in diffs)} up, {sum(d < 0 for d in diffs)} down, {sum(d == 0 for d in diffs)} level")
 EOF

@@ -2,6 +2,8 @@
 regeneration directory (skip 0) into another's part file as rows 0..last-first-1, so a run
 with data.skip_conversations=<first> data.max_conversations=<last-first> merges them instead
 of generating them again (regeneration checks each row's id and source before using it).
+Run it with no regeneration writing into <from dir>: reading the parts (data.regenerate.read_parts)
+truncates a line cut short, as a resumed run does.
 
     python docs/study/shift_rows.py <from dir> <to dir> <first> <last>
 """
