@@ -68,6 +68,9 @@ REPO_ASSETS = {
     # kept, 635k generated tokens, two CPU ranks, sessions 32-33): what the shipped head was
     # fine-tuned on last (session 33).
     "smollm2_replies_later3": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later3.jsonl.gz",
+    # And to the next 5,507 (rows 15,193-20,699; 5,482 kept, 593k generated tokens, two CPU ranks,
+    # sessions 33-34): the fine-tune of session 34.
+    "smollm2_replies_later4": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later4.jsonl.gz",
 }
 
 
