@@ -65,11 +65,10 @@ REPO_ASSETS = {
     # session 32.
     "smollm2_replies_later2": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later2.jsonl.gz",
     # And to the next 5,867 of those turns (rows 9,326-15,192 of the same shuffled export; 5,840
-    # kept, 635k generated tokens, two CPU ranks, sessions 32-33): what the shipped head was
-    # fine-tuned on last (session 33).
+    # kept, 635k generated tokens, two CPU ranks, sessions 32-33): the fine-tune of session 33.
     "smollm2_replies_later3": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later3.jsonl.gz",
     # And to the next 5,507 (rows 15,193-20,699; 5,482 kept, 593k generated tokens, two CPU ranks,
-    # sessions 33-34): the fine-tune of session 34.
+    # sessions 33-34): what the shipped head was fine-tuned on last (session 34).
     "smollm2_replies_later4": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later4.jsonl.gz",
 }
 
