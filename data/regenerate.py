@@ -9,7 +9,8 @@ manifest, under a directory keyed by the sources, the target and the generation 
 Generation is batched with continuous refill (data/generation.py): a row whose
 conversation is done takes the next one, so no row waits for the longest reply.
 Resumable: each finished conversation is appended to a part file per rank, and a rerun
-skips what is already there. Ranks of a multi-process job take every world-th
+skips what is already there; a run with data.skip_conversations=N takes over the replies
+a run with no skip already generated for the same conversations. Ranks of a multi-process job take every world-th
 conversation; rank 0 merges the parts in source order once all have finished.
 """
 
@@ -236,7 +237,20 @@ def regenerate_data(
             data_cfg.max_conversations, len(selected), data_cfg.sources, data_cfg.skip_conversations
         )
         indices = list(range(rank, len(selected), world))
-        _generate_part(out_dir, rank, indices, selected, target, cfg, data_cfg.max_length)
+        # Conversation i here is conversation skip + i of the same sources with no skip: its
+        # reply, if that run generated it, is taken over rather than generated again.
+        unskipped = _keyed_dir(root, key | {"skip_conversations": 0}) if data_cfg.skip_conversations else None
+        _generate_part(
+            out_dir,
+            rank,
+            indices,
+            selected,
+            target,
+            cfg,
+            data_cfg.max_length,
+            unskipped,
+            data_cfg.skip_conversations,
+        )
         barrier()
         if rank == 0:
             _merge(out_dir, {"key": key, "max_conversations": data_cfg.max_conversations}, selected, tally)
@@ -270,8 +284,9 @@ def _manifest(path: Path) -> dict:
         return {}
 
 
-def read_parts(out_dir: Path) -> dict[int, dict]:
-    """Rows written by earlier runs (any rank, any world size); a line cut by a kill is dropped."""
+def read_parts(out_dir: Path, repair: bool = True) -> dict[int, dict]:
+    """Rows written by earlier runs (any rank, any world size); a line cut by a kill is dropped
+    (and cut off the file when `repair`: not in another run's directory, which may be writing)."""
     rows: dict[int, dict] = {}
     for part in sorted(out_dir.glob("part-*.jsonl")):
         valid_bytes = 0
@@ -283,7 +298,7 @@ def read_parts(out_dir: Path) -> dict[int, dict]:
                     break
                 rows[row["index"]] = row
                 valid_bytes += len(line)
-        if valid_bytes < part.stat().st_size:
+        if repair and valid_bytes < part.stat().st_size:
             os.truncate(part, valid_bytes)
     return rows
 
@@ -293,13 +308,32 @@ def _keyed_dir(root: Path, key: dict) -> Path:
 
 
 def _generate_part(
-    out_dir: Path, rank: int, indices: list[int], selected, target, cfg, max_length: int
+    out_dir: Path,
+    rank: int,
+    indices: list[int],
+    selected,
+    target,
+    cfg,
+    max_length: int,
+    unskipped: Path | None = None,
+    skip: int = 0,
 ) -> None:
+    """This rank's conversations not yet in `out_dir`: taken from `unskipped` (the same key's
+    directory with no data.skip_conversations, where conversation i is `skip + i`) when it
+    holds them, generated otherwise."""
     written = read_parts(out_dir)
     todo = [i for i in indices if not _is_row_of(written.get(i), selected[i])]
+    earlier = read_parts(unskipped, repair=False) if unskipped is not None and unskipped.is_dir() else {}
+    taken = [i for i in todo if _is_row_of(earlier.get(skip + i), selected[i])]
+    todo = sorted(set(todo) - set(taken))
+    if taken:
+        print(f"regeneration (rank {rank}): {len(taken):,} conversations taken from {unskipped}", flush=True)
     start, tokens = time.perf_counter(), 0
     progress = tqdm(total=len(todo), unit="conv", desc=f"regenerating (rank {rank})", dynamic_ncols=True)
     with open(out_dir / f"part-{rank}.jsonl", "a") as f, progress:
+        for i in taken:
+            f.write(json.dumps(earlier[skip + i] | {"index": i}, ensure_ascii=False) + "\n")
+        f.flush()
 
         def write(i: int, result: Regenerated) -> None:
             row = {"index": i, "id": selected[i].id, "source": selected[i].source} | asdict(result)

@@ -211,6 +211,27 @@ def test_skipped_conversations_are_left_out(tiny_target, two_turn_chats, tmp_pat
     assert [row["id"] for row in read_jsonl(later.sources[0])] == [row["id"] for row in full[2:5]]
 
 
+def test_a_run_with_skipped_conversations_takes_over_the_replies_of_the_unskipped_run(
+    tiny_target, two_turn_chats, tmp_path, monkeypatch
+):
+    """Conversation i after data.skip_conversations=2 is conversation 2 + i of the unskipped run:
+    its finished rows are taken (id and source checked), the rest generated, and the unskipped
+    run's part file, which its own run may still be writing, is left as it is."""
+    cfg = data_cfg(two_turn_chats, tmp_path)
+    full = read_jsonl(run(cfg, tiny_target).sources[0])
+    unskipped = out_dir(run(cfg, tiny_target))
+    part = unskipped / "part-0.jsonl"
+    rows = {json.loads(line)["index"]: json.loads(line) for line in part.read_text().splitlines()}
+    rows[3]["id"] = "another conversation"  # not conversation 3: must not be taken
+    text = "".join(json.dumps(rows[i]) + "\n" for i in range(5)) + json.dumps(rows[5])[:10]
+    part.write_text(text)  # rows 5 and 6 not finished yet, row 5 half written
+    calls = counting(monkeypatch)
+    later = run(replace(cfg, skip_conversations=2, max_conversations=5), tiny_target)
+    assert sorted(calls) == [1, 3, 4]  # conversations 3, 5 and 6
+    assert read_jsonl(later.sources[0]) == full[2:7]
+    assert part.read_text() == text
+
+
 def test_other_settings_or_weights_regenerate_elsewhere(tiny_target, two_turn_chats, tmp_path):
     cfg = data_cfg(two_turn_chats, tmp_path)
     base = run(cfg, tiny_target).sources
