@@ -68,8 +68,11 @@ REPO_ASSETS = {
     # kept, 635k generated tokens, two CPU ranks, sessions 32-33): the fine-tune of session 33.
     "smollm2_replies_later3": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later3.jsonl.gz",
     # And to the next 5,507 (rows 15,193-20,699; 5,482 kept, 593k generated tokens, two CPU ranks,
-    # sessions 33-34): what the shipped head was fine-tuned on last (session 34).
+    # sessions 33-34): the fine-tune of session 34.
     "smollm2_replies_later4": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later4.jsonl.gz",
+    # And to the last 4,566 of the export (rows 20,700-25,265; 4,542 kept, 494k generated tokens,
+    # two CPU ranks, sessions 34-35): the fine-tune of session 35.
+    "smollm2_replies_later5": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later5.jsonl.gz",
 }
 
 
