@@ -10,8 +10,9 @@ Generation is batched with continuous refill (data/generation.py): a row whose
 conversation is done takes the next one, so no row waits for the longest reply.
 Resumable: each finished conversation is appended to a part file per rank, and a rerun
 skips what is already there; a run with data.skip_conversations=N takes over the replies
-a run with no skip already generated for the same conversations. Ranks of a multi-process job take every world-th
-conversation; rank 0 merges the parts in source order once all have finished.
+a run with no skip already generated for the same conversations. Ranks of a multi-process
+job take every world-th conversation; rank 0 merges the parts in source order once all
+have finished.
 """
 
 import hashlib
