@@ -239,19 +239,16 @@ def regenerate_data(
         )
         indices = list(range(rank, len(selected), world))
         # Conversation i here is conversation skip + i of the same sources with no skip: its
-        # reply, if that run generated it, is taken over rather than generated again.
-        unskipped = _keyed_dir(root, key | {"skip_conversations": 0}) if data_cfg.skip_conversations else None
-        _generate_part(
-            out_dir,
-            rank,
-            indices,
-            selected,
-            target,
-            cfg,
-            data_cfg.max_length,
-            unskipped,
-            data_cfg.skip_conversations,
+        # reply, if that run generated it, is taken over rather than generated again. Read
+        # without repair: that run may still be writing.
+        skip = data_cfg.skip_conversations
+        unskipped = _keyed_dir(root, key | {"skip_conversations": 0})
+        earlier = (
+            {i - skip: row for i, row in read_parts(unskipped, repair=False).items() if i >= skip}
+            if skip and unskipped.is_dir()
+            else {}
         )
+        _generate_part(out_dir, rank, indices, selected, target, cfg, data_cfg.max_length, earlier)
         barrier()
         if rank == 0:
             _merge(out_dir, {"key": key, "max_conversations": data_cfg.max_conversations}, selected, tally)
@@ -316,24 +313,25 @@ def _generate_part(
     target,
     cfg,
     max_length: int,
-    unskipped: Path | None = None,
-    skip: int = 0,
+    earlier: dict[int, dict],
 ) -> None:
-    """This rank's conversations not yet in `out_dir`: taken from `unskipped` (the same key's
-    directory with no data.skip_conversations, where conversation i is `skip + i`) when it
-    holds them, generated otherwise."""
+    """This rank's conversations not yet in `out_dir`: taken from `earlier` (another run's rows
+    by this run's index) when it holds them, generated otherwise."""
     written = read_parts(out_dir)
     todo = [i for i in indices if not _is_row_of(written.get(i), selected[i])]
-    earlier = read_parts(unskipped, repair=False) if unskipped is not None and unskipped.is_dir() else {}
-    taken = [i for i in todo if _is_row_of(earlier.get(skip + i), selected[i])]
-    todo = sorted(set(todo) - set(taken))
+    taken = {i for i in todo if _is_row_of(earlier.get(i), selected[i])}
+    todo = [i for i in todo if i not in taken]
     if taken:
-        print(f"regeneration (rank {rank}): {len(taken):,} conversations taken from {unskipped}", flush=True)
+        print(
+            f"regeneration (rank {rank}): {len(taken):,} conversations taken from the run with no "
+            "data.skip_conversations",
+            flush=True,
+        )
     start, tokens = time.perf_counter(), 0
     progress = tqdm(total=len(todo), unit="conv", desc=f"regenerating (rank {rank})", dynamic_ncols=True)
     with open(out_dir / f"part-{rank}.jsonl", "a") as f, progress:
-        for i in taken:
-            f.write(json.dumps(earlier[skip + i] | {"index": i}, ensure_ascii=False) + "\n")
+        for i in sorted(taken):
+            f.write(json.dumps(earlier[i] | {"index": i}, ensure_ascii=False) + "\n")
         f.flush()
 
         def write(i: int, result: Regenerated) -> None:

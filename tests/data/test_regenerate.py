@@ -218,9 +218,9 @@ def test_a_run_with_skipped_conversations_takes_over_the_replies_of_the_unskippe
     its finished rows are taken (id and source checked), the rest generated, and the unskipped
     run's part file, which its own run may still be writing, is left as it is."""
     cfg = data_cfg(two_turn_chats, tmp_path)
-    full = read_jsonl(run(cfg, tiny_target).sources[0])
-    unskipped = out_dir(run(cfg, tiny_target))
-    part = unskipped / "part-0.jsonl"
+    first = run(cfg, tiny_target)
+    full = read_jsonl(first.sources[0])
+    part = out_dir(first) / "part-0.jsonl"
     rows = {json.loads(line)["index"]: json.loads(line) for line in part.read_text().splitlines()}
     rows[3]["id"] = "another conversation"  # not conversation 3: must not be taken
     text = "".join(json.dumps(rows[i]) + "\n" for i in range(5)) + json.dumps(rows[5])[:10]
