@@ -73,6 +73,10 @@ REPO_ASSETS = {
     # And to the last 4,566 of the export (rows 20,700-25,265; 4,542 kept, 494k generated tokens,
     # two CPU ranks, sessions 34-35): the fine-tune of session 35.
     "smollm2_replies_later5": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_later5.jsonl.gz",
+    # The bf16 target's sampled (T=1) replies of at most 128 tokens to ShareGPT first user turns
+    # again: rows 0-6,868 of all first turns of conversations 0-17,670 but held-out chat, shuffled
+    # (6,489 kept, 726k generated tokens, two CPU ranks, sessions 35-36): the fine-tune of session 36.
+    "smollm2_replies_sampled": Path(__file__).parent / "assets" / "smollm2_sharegpt_replies_sampled.jsonl.gz",
 }
 
 
