@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Fine-tune the shipped head on one more replies asset (one pass, session 30's recipe), then judge
+# Fine-tune the shipped head on one more replies asset, or a comma-separated mix of assets (one pass,
+# session 30's recipe), then judge
 # its bf16 copy beside the shipped head: AL on all 48 held-out chat prompts (the verdict, fixed in
 # advance; never the eval sets), both heads at the same time (candidate on core 0, shipped on
 # core 1), compared prompt by prompt. The eval sets' AL and speed come after, from eval/bench.py.
 # Resumable: rerun to continue.
 #   bash docs/study/finetune_judge.sh smollm2_replies_later2 outputs/s32
+#   STEPS=640 bash docs/study/finetune_judge.sh smollm2_replies_sampled,smollm2_replies_short3 outputs/s37
 source docs/study/common.sh
 ASSET=${1:?usage: finetune_judge.sh <replies asset> <out dir>}
 OUT=${2:?usage: finetune_judge.sh <replies asset> <out dir>}
@@ -13,11 +15,12 @@ VAL=0.03
 ROWS=8
 LR=${LR:-5e-4}           # session 30's recipe: peak 5e-4 after 10 warm-up steps
 WARMUP=${WARMUP:-10}
-# One pass (unless STEPS is set): the asset's kept conversations, less the held-out share, in rows of 8.
+# One pass (unless STEPS is set): the assets' kept conversations, less the held-out share, in rows of 8.
 # Validation and checkpoints every 100 steps: at cpu_recipe's 25, they took ~45% of the wall time.
 STEPS=${STEPS:-$($PY -c "
 from data.packaged import repo_asset_manifest
-print(int(repo_asset_manifest('$ASSET')['counts']['kept'] * (1 - $VAL) / $ROWS))")}
+kept = sum(repo_asset_manifest(name)['counts']['kept'] for name in '$ASSET'.split(','))
+print(int(kept * (1 - $VAL) / $ROWS))")}
 echo "fine-tune: $ASSET, $STEPS steps of $ROWS rows, lr $LR after $WARMUP warm-up steps ($(date +%T))"
 OMP_NUM_THREADS=2 $PY train/run.py run_dir="$OUT/ft" stages=[prepare,train] data=jsonl "data.sources=[$ASSET]" \
   data.max_length=1024 data.val_fraction=$VAL train=cpu_recipe data.regenerate.enabled=false \
