@@ -42,7 +42,7 @@ from transformers import (
 from heads.blocks import attended_first, grouped_attention, grouped_attention_applies, last_positions
 from heads.compiled import COMPILED_MAX_TOKENS, compiled_once, frozen_compile
 from heads.kv_cache import KVCache, KVTensors
-from heads.machine import native_bf16
+from heads.machine import native_bf16, warn_if_bf16_emulated
 from heads.packed_linear import LINEAR_PATHS, Linear, WidenedOneRow, linear_paths
 
 log = logging.getLogger(__name__)
@@ -295,6 +295,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         return torch.bfloat16 if device.type == "cpu" and native_bf16(device) else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"target.dtype={dtype!r}; choose one of {sorted(DTYPES)} or auto")
+    if DTYPES[dtype] == torch.bfloat16:
+        warn_if_bf16_emulated(f"target.dtype={dtype}", device)
     return DTYPES[dtype]
 
 

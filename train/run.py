@@ -68,6 +68,19 @@ def check_stages(stages: list[str]) -> None:
         raise ValueError(f"stages: unknown {unknown}; choose from {list(STAGES)}")
 
 
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """train.precision: auto = bf16 where it runs natively, else fp32 (as data.regenerate.dtype=auto);
+    bf16 asked for where it is emulated runs, with a warning."""
+    from heads.machine import native_bf16, warn_if_bf16_emulated
+
+    if precision == "auto":
+        precision = "bf16" if native_bf16(device) else "fp32"
+        log.info("train.precision=auto: %s on this machine", precision)
+    elif precision == "bf16":
+        warn_if_bf16_emulated("train.precision=bf16", device)
+    return precision
+
+
 def run(job: JobConfig) -> dict:
     """Run the configured stages; returns what each produced (paths, summaries)."""
     from data.prepare import data_cache_root, default_out_dir, prepare_dataset, select_conversations
@@ -78,11 +91,8 @@ def run(job: JobConfig) -> dict:
 
     check_stages(job.stages)
     run_dir = Path(job.run_dir)
-    if job.train.precision == "auto":  # as data.regenerate.dtype=auto: bf16 where it runs natively
-        device = torch.device("cpu" if runs_on_cpu(job) else "cuda")
-        precision = "bf16" if native_bf16(device) else "fp32"
-        log.info("train.precision=auto: %s on this machine", precision)
-        job = replace(job, train=replace(job.train, precision=precision))
+    device = torch.device("cpu" if runs_on_cpu(job) else "cuda")
+    job = replace(job, train=replace(job.train, precision=resolve_precision(job.train.precision, device)))
     accelerator = make_accelerator(job)
     if job.wandb.mode != "disabled":
         accelerator.init_trackers(

@@ -4,7 +4,8 @@
 # its bf16 copy beside the shipped head: AL on all 48 held-out chat prompts (the verdict, fixed in
 # advance; never the eval sets), both heads at the same time (candidate on core 0, shipped on
 # core 1), compared prompt by prompt. The eval sets' AL and speed come after, from eval/bench.py.
-# Resumable: rerun to continue.
+# Target and training in bf16 where the CPU computes it natively (avx512_bf16 or AMX: the figures of
+# sessions 30-36), else in fp32 (auto: forced bf16 is ~25x slower there, session 37). Resumable.
 #   bash docs/study/finetune_judge.sh smollm2_replies_later2 outputs/s32
 #   STEPS=640 bash docs/study/finetune_judge.sh smollm2_replies_sampled,smollm2_replies_short3 outputs/s37
 source docs/study/common.sh
@@ -24,8 +25,8 @@ print(int(kept * (1 - $VAL) / $ROWS))")}
 echo "fine-tune: $ASSET, $STEPS steps of $ROWS rows, lr $LR after $WARMUP warm-up steps ($(date +%T))"
 OMP_NUM_THREADS=2 $PY train/run.py run_dir="$OUT/ft" stages=[prepare,train] data=jsonl "data.sources=[$ASSET]" \
   data.max_length=1024 data.val_fraction=$VAL train=cpu_recipe data.regenerate.enabled=false \
-  data.max_conversations=null head.init=release target.dtype=bfloat16 train.hidden_states=online \
-  train.precision=bf16 train.ttt_steps=4 train.batch_size=$ROWS train.max_steps="$STEPS" train.lr=$LR \
+  data.max_conversations=null head.init=release target.dtype=auto train.hidden_states=online \
+  train.precision=auto train.ttt_steps=4 train.batch_size=$ROWS train.max_steps="$STEPS" train.lr=$LR \
   train.warmup_steps=$WARMUP train.val_every=100 train.checkpoint_every=100 wandb.mode=disabled > "$OUT/ft.log" 2>&1
 
 # The candidate as it would ship (bf16 tensors), kept out of heads/release/ (tests list that folder).
@@ -38,7 +39,7 @@ judge() {  # judge <core> <head> <name>
   [ -f "$OUT/$3_48/report.json" ] || OMP_NUM_THREADS=1 taskset -c "$1" $PY eval/run.py head_dir="$2" \
     out="$OUT/$3_48" "eval.tasks=[$HELDOUT]" eval.prompts_per_task=48 eval.max_new_tokens=96 \
     eval.draft_length=4 eval.policy=static eval.calibration=false eval.baselines=false \
-    target.dtype=bfloat16 > "$OUT/$3_judge.log" 2>&1
+    target.dtype=auto > "$OUT/$3_judge.log" 2>&1
 }
 echo "judging ($(date +%T))"
 judge 0 "$OUT/candidate" candidate &

@@ -1,4 +1,5 @@
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -205,6 +206,31 @@ def test_native_bf16_follows_the_cpu_flags(monkeypatch):
     monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx512f", "amx_bf16"})
     assert machine.native_bf16(torch.device("cpu"))
     assert isinstance(machine.cpu_flags(), set)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_asked_for_where_it_is_emulated_is_warned_of(monkeypatch, caplog, native):
+    """target.dtype=bfloat16 or train.precision=bf16 on a CPU without avx512_bf16 or AMX still
+    runs, ~25x slower than fp32: the job says so, naming the setting; auto and fp32 say nothing."""
+    import heads.machine as machine
+    import heads.target as target_module
+    from train.run import resolve_precision
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "avx512_bf16"} if native else {"avx2"})
+    with caplog.at_level(logging.WARNING, logger="heads.machine"):
+        assert target_module.resolve_dtype("bfloat16", cpu) == torch.bfloat16
+        assert resolve_precision("bf16", cpu) == "bf16"
+        target_module.resolve_dtype("auto", cpu)
+        target_module.resolve_dtype("float32", cpu)
+        resolve_precision("auto", cpu)
+        resolve_precision("fp32", cpu)
+    warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    if native:
+        assert warned == []
+    else:
+        assert [message.split(" on ")[0] for message in warned] == ["target.dtype=bfloat16", "train.precision=bf16"]
+        assert all("emulates" in message and "avx2" in message for message in warned)
 
 
 def test_the_machine_description_names_the_features_that_decide_speed(monkeypatch):
