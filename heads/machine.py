@@ -40,14 +40,15 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def warn_if_bf16_emulated(setting: str, device: torch.device) -> None:
-    """Warn when a setting asks for bf16 where it is emulated: the job still runs, only much slower
-    than in fp32 (a fine-tune at ~6 s a step with avx512_bf16 took ~2 min a step on an avx2-only
-    CPU, session 37), which a user who copied a command from a faster machine would not expect."""
+    """Warn when a setting asks for bf16 where it is emulated: the job still runs, only slower than
+    in fp32 (on avx2-only CPUs a decode step of the embedded target 2.5x, session 37, and a training
+    step 7-9x, BENCHMARKS.md "Training throughput"), which a user who copied a command from another
+    machine would not expect."""
     if not native_bf16(device):
         where = machine_line() if device.type == "cpu" else f"{device} without bf16 support"
         log.warning(
-            "%s on a machine without native bf16 (%s): torch emulates it, ~25x slower than fp32; "
-            "auto picks the fast precision for this machine",
+            "%s on a machine without native bf16 (%s): torch emulates it, slower than fp32 (a decode "
+            "step ~2.5x, a training step 7x and more); auto picks the fast precision for this machine",
             setting,
             where,
         )
