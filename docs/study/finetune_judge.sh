@@ -5,7 +5,8 @@
 # advance; never the eval sets), both heads at the same time (candidate on core 0, shipped on
 # core 1), compared prompt by prompt. The eval sets' AL and speed come after, from eval/bench.py.
 # Target and training in bf16 where the CPU computes it natively (avx512_bf16 or AMX: the figures of
-# sessions 30-36), else in fp32 (auto: forced bf16 is ~25x slower there, session 37). Resumable.
+# sessions 30-36), else in fp32 (auto: forced bf16 took ~110 s a step there against 6.5 s with
+# avx512_bf16, session 37). Resumable.
 #   bash docs/study/finetune_judge.sh smollm2_replies_later2 outputs/s32
 #   STEPS=640 bash docs/study/finetune_judge.sh smollm2_replies_sampled,smollm2_replies_short3 outputs/s37
 source docs/study/common.sh
