@@ -211,7 +211,8 @@ def test_native_bf16_follows_the_cpu_flags(monkeypatch):
 @pytest.mark.parametrize("native", [False, True])
 def test_bf16_asked_for_where_it_is_emulated_is_warned_of(monkeypatch, caplog, native):
     """target.dtype=bfloat16 or train.precision=bf16 on a CPU without avx512_bf16 or AMX still
-    runs, ~25x slower than fp32: the job says so, naming the setting; auto and fp32 say nothing."""
+    runs, emulated and slower than fp32: the job says so, naming the setting; auto and fp32 say
+    nothing."""
     import heads.machine as machine
     import heads.target as target_module
     from train.run import resolve_precision
